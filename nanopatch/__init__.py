@@ -1,0 +1,25 @@
+"""nanopatch: faster PyTorch training on CPUs for unmodified scripts.
+
+    import nanopatch
+    nanopatch.patch_torch()
+
+or run a script with ``python -m nanopatch train.py``. Importing nanopatch is cheap: it
+imports neither torchvision nor OpenCV; patches for a library are applied when that library
+is imported (or at once if it already is).
+"""
+
+from ._log import NanopatchWarning
+from ._patching import is_patched, patch_torch, patched, status, unpatch_torch, unpatched
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NanopatchWarning",
+    "__version__",
+    "is_patched",
+    "patch_torch",
+    "patched",
+    "status",
+    "unpatch_torch",
+    "unpatched",
+]

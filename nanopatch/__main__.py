@@ -1,0 +1,196 @@
+"""``python -m nanopatch [options] (script.py | -m module) [args...]``: run a script patched.
+
+The runner parses only the options *before* the script (or ``-m module``); everything after
+belongs to the script, which runs as ``__main__`` with ``sys.argv`` as it would under plain
+``python``. Its exit code and exceptions propagate unchanged. Options chosen here are
+exported as ``NANOPATCH_*`` and a bootstrap directory goes on ``PYTHONPATH``, so Python child
+processes (DataLoader workers started by spawn or forkserver, subprocesses) are patched too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__, config
+from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
+from ._log import configure_stderr
+
+USAGE = (
+    "python -m nanopatch [options] script.py [args ...]\n"
+    "       python -m nanopatch [options] -m module [args ...]\n"
+    "       python -m nanopatch --info [--json]"
+)
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _compile_mode(text: str) -> Any:
+    try:
+        return config.parse_value("compile", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nanopatch",
+        usage=USAGE,
+        description="Run a PyTorch training script with nanopatch's CPU accelerations applied. "
+        "Options not given fall back to NANOPATCH_<OPTION> environment variables, then to "
+        "auto-detection.",
+        epilog="Options go before the script; everything after the script belongs to it.",
+        allow_abbrev=False,
+    )
+    patches = parser.add_argument_group("patches (same names as nanopatch.patch_torch)")
+    for name, kind in config.OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if kind == "compile":
+            patches.add_argument(
+                flag,
+                nargs="?",
+                const="default",
+                default=None,
+                type=_compile_mode,
+                metavar="MODE",
+                help="torch.compile the model forward; write the mode as --compile=MODE "
+                f"({', '.join(config.COMPILE_MODES)}); off by default",
+            )
+            patches.add_argument("--no-" + flag[2:], dest=name, action="store_false")
+        else:
+            patches.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"(default: {'on' if kind == 'bool' else 'auto'}; env {config.env_name(name)})",
+            )
+    parser.add_argument("--info", action="store_true", help="print the capability report and exit")
+    parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help=f"log what nanopatch does to stderr (-vv for debug); env {LOG_LEVEL_VARIABLE}",
+    )
+    parser.add_argument("--version", action="version", version=f"nanopatch {__version__}")
+    return parser
+
+
+def split_argv(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[list[str], str | None, str | None, list[str]]:
+    """Split ``argv`` into (runner options, kind, target, script args).
+
+    ``kind`` is "script" or "module" (None when there is no target). The first word that is
+    not an option, or ``-m MODULE``, ends the runner's options, as with ``python`` itself."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            if i + 1 >= len(argv):
+                break
+            return argv[:i], "script", argv[i + 1], argv[i + 2 :]
+        if word == "-m":
+            if i + 1 >= len(argv):
+                raise _UsageError("argument -m: expected a module name")
+            return argv[:i], "module", argv[i + 1], argv[i + 2 :]
+        if word.startswith("-m") and not word.startswith("--"):
+            return argv[:i], "module", word[2:], argv[i + 1 :]
+        if word.startswith("-") and word != "-":
+            action = parser._option_string_actions.get(word.split("=", 1)[0])
+            takes_next = action is not None and "=" not in word and action.nargs not in (0, "?", "*")
+            i += 2 if takes_next else 1
+            continue
+        return argv[:i], "script", word, argv[i + 1 :]
+    return argv, None, None, []
+
+
+def export_environment(cfg: config.Config, log_level: str | None) -> None:
+    """Make Python child processes start patched with the same explicit options."""
+    os.environ.update(cfg.explicit_environ())
+    if log_level:
+        os.environ[LOG_LEVEL_VARIABLE] = log_level
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if BOOTSTRAP_DIR not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
+
+
+def run_script(path: str, args: Sequence[str]) -> None:
+    if not os.path.exists(path):
+        raise _UsageError(f"can't open file {os.path.abspath(path)!r}: No such file or directory")
+    sys.argv[:] = [path, *args]
+    # `python script.py` puts the script's directory first on sys.path; `python -m nanopatch`
+    # put the current directory there instead.
+    script_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    runpy.run_path(path, run_name="__main__")
+
+
+def run_module(name: str, args: Sequence[str]) -> None:
+    # alter_sys=True sets sys.argv[0] to the module's file, as `python -m` does; sys.path[0]
+    # is already the current directory because we were started with -m ourselves.
+    sys.argv[:] = [name, *args]
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        own, kind, target, script_args = split_argv(parser, argv)
+    except _UsageError as exc:
+        parser.error(str(exc))
+    opts = parser.parse_args(own)
+    log_level = os.environ.get(LOG_LEVEL_VARIABLE)
+    if opts.verbose:
+        log_level = "DEBUG" if opts.verbose > 1 else "INFO"
+    if log_level:
+        configure_stderr(log_level)
+    options = {name: getattr(opts, name) for name in config.OPTIONS if getattr(opts, name) is not None}
+
+    if opts.info:
+        from ._info import collect, format_table
+
+        info = collect()
+        print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
+        return 0
+    if opts.json:
+        parser.error("--json goes with --info")
+    if target is None:
+        parser.print_usage(sys.stderr)
+        print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
+        return 2
+    try:
+        cfg = config.resolve(options)
+    except ValueError as exc:  # a bad NANOPATCH_* value
+        parser.error(str(exc))
+    export_environment(cfg, log_level)
+
+    import nanopatch
+
+    nanopatch.patch_torch(**options)
+    try:
+        if kind == "module":
+            run_module(target, script_args)
+        else:
+            run_script(target, script_args)
+    except _UsageError as exc:
+        print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

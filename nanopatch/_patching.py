@@ -1,0 +1,463 @@
+"""The patch engine: a registry of targets and a journal of everything they replaced.
+
+* A **target** is one concern (``vision``, ``training``, ...): the option that switches it,
+  the module whose import triggers it, and the ``patch.py`` module that does the work
+  (``patch(config)``, ``unpatch()``, and ``SUPPORTED``: distribution -> version specifier).
+* A target's ``patch(config)`` never calls ``setattr`` on a foreign module itself: it calls
+  :func:`replace`, :func:`replace_everywhere` or :func:`wrap` here, which record the raw
+  original (read from ``__dict__``, so a ``staticmethod`` stays a ``staticmethod``) exactly
+  once per target and attribute.
+* Undo replays the journal in reverse (LIFO), so after :func:`unpatch_torch` every patched
+  attribute ``is`` its original again and attributes that did not exist are deleted.
+* A target whose module is not imported yet is applied by a wrapt post-import hook when it
+  is, so patching works in either import order.
+
+All state changes happen under one re-entrant lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from . import config as _config
+from ._log import log_once
+
+logger = logging.getLogger("nanopatch")
+
+
+class _NotSet:
+    """Marks an attribute that did not exist in the owner's own ``__dict__`` before patching."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOTSET"
+
+
+NOTSET: Any = _NotSet()
+
+
+# --- the journal ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Record:
+    target: str
+    owner: Any
+    name: str
+    original: Any  # the raw value from the owner's __dict__, or NOTSET
+    replacement: Any
+
+    @property
+    def where(self) -> str:
+        return f"{_qualname(self.owner)}.{self.name}"
+
+
+def _qualname(owner: Any) -> str:
+    if isinstance(owner, ModuleType):
+        return owner.__name__
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return repr(owner)
+
+
+def raw_attribute(owner: Any, name: str) -> Any:
+    """The attribute as stored on ``owner`` itself (no descriptor binding, no inheritance),
+    or NOTSET."""
+    namespace = getattr(owner, "__dict__", None)
+    if namespace is not None:
+        return namespace.get(name, NOTSET)
+    return getattr(owner, name, NOTSET)
+
+
+class Journal:
+    """Originals recorded once per (target, owner, attribute), undone last-in first-out."""
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+        self._index: dict[tuple[str, int, str], Record] = {}
+
+    def replace(self, target: str, owner: Any, name: str, new: Any) -> None:
+        key = (target, id(owner), name)
+        record = self._index.get(key)
+        if record is None:
+            record = Record(target, owner, name, raw_attribute(owner, name), new)
+            self._records.append(record)
+            self._index[key] = record
+        else:
+            record.replacement = new
+        setattr(owner, name, new)
+
+    def undo(self, target: str | None = None) -> None:
+        """Restore the originals of ``target`` (or of every target), newest first."""
+        keep = []
+        for record in reversed(self._records):
+            if target is not None and record.target != target:
+                keep.append(record)
+                continue
+            if record.original is NOTSET:
+                with contextlib.suppress(AttributeError):
+                    delattr(record.owner, record.name)
+            else:
+                setattr(record.owner, record.name, record.original)
+            del self._index[(record.target, id(record.owner), record.name)]
+        self._records = keep[::-1]
+
+    def records(self, target: str | None = None) -> list[Record]:
+        return [r for r in self._records if target is None or r.target == target]
+
+
+# --- the registry ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    option: str  # the config option that switches this target on
+    module: str  # the target is applied once this module is imported
+    patcher: str  # dotted name of the module with patch(config), unpatch(), SUPPORTED
+
+
+_registry: dict[str, Target] = {}
+
+
+def register(target: Target) -> None:
+    """Add a target to the registry (targets apply in registration order)."""
+    if target.option not in _config.OPTIONS:
+        raise ValueError(f"target {target.name!r}: unknown option {target.option!r}")
+    with _lock:
+        if target.name in _registry and _registry[target.name] != target:
+            raise ValueError(f"a different target named {target.name!r} is registered")
+        _registry[target.name] = target
+        if _active is not None:
+            _sync(target)
+
+
+def unregister(name: str) -> None:
+    """Remove a target, undoing it first if it is applied."""
+    with _lock:
+        target = _registry.get(name)
+        if target is None:
+            return
+        if name in _applied:
+            _undo_targets([name])
+        del _registry[name]
+        _states.pop(name, None)
+
+
+def targets() -> list[Target]:
+    return list(_registry.values())
+
+
+# --- engine state ---------------------------------------------------------------------
+
+_lock = threading.RLock()
+_journal = Journal()
+_active: _config.Config | None = None  # the configuration in force, None when unpatched
+_applied: list[str] = []  # target names, in the order they were applied
+_states: dict[str, tuple[str, str]] = {}  # target name -> (state, detail)
+_hooked: set[str] = set()  # modules with a post-import hook waiting
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar("nanopatch_target", default=None)
+
+
+def _current_target() -> str:
+    name = _current.get()
+    if name is None:
+        raise RuntimeError("nanopatch: replace()/wrap() may only be called from a target's patch()")
+    return name
+
+
+# --- what target modules call ---------------------------------------------------------
+
+
+def replace(owner: Any, name: str, new: Any) -> None:
+    """Set ``owner.name = new``, recording the original for exact undo."""
+    _journal.replace(_current_target(), owner, name, new)
+
+
+def replace_everywhere(original: Any, new: Any, package: str) -> list[str]:
+    """Replace ``original`` with ``new`` in every loaded module of ``package`` that binds it
+    (where it is defined and every namespace that re-exports it). Returns the places."""
+    target = _current_target()
+    places = []
+    prefix = package + "."
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(prefix)):
+            continue
+        namespace = getattr(module, "__dict__", {})
+        for attr, value in list(namespace.items()):
+            if value is original:
+                _journal.replace(target, module, attr, new)
+                places.append(f"{module_name}.{attr}")
+    return places
+
+
+def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
+    """Wrap ``owner.name`` with a wrapt ``FunctionWrapper`` calling
+    ``wrapper(wrapped, instance, args, kwargs)``; the raw descriptor is what gets wrapped."""
+    import wrapt
+
+    original = raw_attribute(owner, name)
+    if original is NOTSET:
+        original = getattr(owner, name)
+    wrapped = wrapt.FunctionWrapper(original, wrapper)
+    replace(owner, name, wrapped)
+    return wrapped
+
+
+# --- applying and undoing targets -----------------------------------------------------
+
+
+def _enabled(target: Target, config: _config.Config) -> bool:
+    return bool(getattr(config, target.option))
+
+
+def _sync(target: Target) -> None:
+    """Bring one target in line with the active configuration (lock held)."""
+    assert _active is not None
+    if target.name in _applied:
+        return
+    if not _enabled(target, _active):
+        _states[target.name] = ("disabled", f"option {target.option} is off")
+        return
+    if target.module not in sys.modules:
+        _states[target.name] = ("pending", f"applies when {target.module} is imported")
+        if target.module not in _hooked:
+            _hooked.add(target.module)
+            import wrapt  # imported on first need: it costs ~40 ms standalone
+
+            wrapt.register_post_import_hook(_on_import, target.module)
+        return
+    _apply_target(target)
+
+
+def _on_import(module: ModuleType) -> None:
+    # Never let a failure here break the user's import: _apply_target already guards
+    # the target code, this guards the engine.
+    try:
+        with _lock:
+            _hooked.discard(module.__name__)
+            if _active is None:
+                return
+            for target in list(_registry.values()):
+                if target.module == module.__name__:
+                    _sync(target)
+    except Exception:  # pragma: no cover - defensive
+        logger.exception("nanopatch: patching on import of %s failed; left stock", module.__name__)
+
+
+def version_problem(supported: dict[str, str]) -> str | None:
+    """Why the installed distributions do not satisfy ``supported``, or None."""
+    from packaging.specifiers import SpecifierSet
+
+    for dist, spec in supported.items():
+        version = _config.distribution_version(dist)
+        if version is None:
+            return f"{dist} is not installed"
+        if not SpecifierSet(spec).contains(version, prereleases=True):
+            return f"{dist} {version} is outside the supported range {spec}"
+    return None
+
+
+def _apply_target(target: Target) -> None:
+    token = _current.set(target.name)
+    try:
+        patcher = importlib.import_module(target.patcher)
+        problem = version_problem(getattr(patcher, "SUPPORTED", {}))
+        if problem:
+            _states[target.name] = ("unsupported", problem + "; left stock")
+            log_once(
+                f"unsupported-{target.name}",
+                "%s patches not applied: %s; everything runs stock",
+                target.name,
+                problem,
+                level=logging.WARNING,
+            )
+            return
+        patcher.patch(_active)
+    except Exception as exc:
+        _journal.undo(target.name)  # no half-applied target
+        _states[target.name] = ("failed", f"{type(exc).__name__}: {exc}; left stock")
+        log_once(
+            f"failed-{target.name}",
+            "%s patches failed (%s: %s); everything runs stock",
+            target.name,
+            type(exc).__name__,
+            exc,
+            level=logging.WARNING,
+        )
+        return
+    finally:
+        _current.reset(token)
+    _applied.append(target.name)
+    count = len(_journal.records(target.name))
+    _states[target.name] = ("patched", f"{count} attribute(s) replaced")
+
+
+def _undo_targets(names: Iterable[str]) -> None:
+    for name in reversed(list(names)):
+        target = _registry[name]
+        try:
+            patcher = sys.modules.get(target.patcher)
+            if patcher is not None and hasattr(patcher, "unpatch"):
+                patcher.unpatch()
+        except Exception:
+            logger.exception("nanopatch: %s unpatch() failed; restoring its attributes anyway", name)
+        _journal.undo(name)
+        _applied.remove(name)
+        _states[name] = ("unpatched", "")
+
+
+# --- the public API (re-exported by nanopatch/__init__.py) ----------------------------
+
+
+def patch_torch(**options: Any) -> None:
+    """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
+    channels_last, ipex, compile. Calling it again with the same options does nothing; with
+    different options the patches are re-applied with the new ones."""
+    config = _config.resolve(options)
+    with _lock:
+        _activate(config)
+
+
+def _activate(config: _config.Config | None) -> None:
+    global _active
+    if config is None:
+        if _active is not None:
+            _undo_targets(list(_applied))
+            _active = None
+        return
+    if _active is not None:
+        if _active == config:
+            return  # idempotent
+        logger.info("nanopatch: re-applying patches with new options %s", config.values())
+        _undo_targets(list(_applied))
+    _active = config
+    for target in list(_registry.values()):
+        _sync(target)
+
+
+def unpatch_torch() -> None:
+    """Undo every patch exactly; a no-op when nothing is patched."""
+    with _lock:
+        _activate(None)
+
+
+def is_patched() -> bool:
+    return _active is not None
+
+
+def active_config() -> _config.Config | None:
+    return _active
+
+
+class _Scope(contextlib.ContextDecorator):
+    """``patched(**options)`` / ``unpatched()``: set a state on entry, restore on exit.
+
+    Nestable and re-entrant (a decorated recursive function works): each entry pushes the
+    configuration it found and each exit re-applies exactly that one."""
+
+    def __init__(self, options: dict[str, Any] | None) -> None:
+        if options is not None:
+            _config.resolve(options)  # bad options fail here, not at first use
+        self._options = options
+        self._saved: list[_config.Config | None] = []
+
+    def __enter__(self) -> _Scope:
+        with _lock:
+            self._saved.append(_active)
+            _activate(None if self._options is None else _config.resolve(self._options))
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        with _lock:
+            _activate(self._saved.pop())
+        return False
+
+    def __repr__(self) -> str:
+        if self._options is None:
+            return "nanopatch.unpatched()"
+        args = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
+        return f"nanopatch.patched({args})"
+
+
+def patched(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Context manager and decorator: patches applied (with ``options``) inside, the previous
+    state restored after. ``@patched`` works with or without parentheses."""
+    if func is not None:
+        if not callable(func):
+            raise TypeError("patched() takes only keyword options (or decorates a function)")
+        return _Scope(options)(func)
+    return _Scope(options)
+
+
+def unpatched(func: Callable[..., Any] | None = None, /) -> Any:
+    """Context manager and decorator: stock behaviour inside, the previous state after."""
+    if func is not None:
+        return _Scope(None)(func)
+    return _Scope(None)
+
+
+def _stale_bindings() -> list[str]:
+    """Stock objects bound in ``__main__`` before the patch (``from X import Y`` done early)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return []
+    namespace = getattr(main, "__dict__", {})
+    by_id = {}
+    for record in _journal.records():
+        if isinstance(record.owner, ModuleType) and record.original is not NOTSET:
+            by_id.setdefault(id(record.original), record)
+    found = []
+    for name, value in list(namespace.items()):
+        record = by_id.get(id(value))
+        if record is not None and value is record.original:
+            found.append(
+                f"__main__.{name} is the stock {record.where}: it was bound before "
+                f"patch_torch(), so it stays stock; look it up after patching instead"
+            )
+    return found
+
+
+def status() -> dict[str, Any]:
+    """What is patched now and why each option has its value, as a plain dict."""
+    with _lock:
+        config = _active
+        errors = []
+        if config is None:
+            try:
+                config = _config.resolve()
+            except ValueError as exc:
+                errors.append(str(exc))
+        target_info = {}
+        for name, target in _registry.items():
+            state, detail = _states.get(name, ("unpatched", ""))
+            if _active is None:
+                state, detail = "unpatched", ""
+            target_info[name] = {
+                "option": target.option,
+                "module": target.module,
+                "state": state,
+                "detail": detail,
+                "attributes": [r.where for r in _journal.records(name)],
+            }
+        return {
+            "patched": _active is not None,
+            "options": config.as_dict() if config is not None else {},
+            "targets": target_info,
+            "warnings": errors + (_stale_bindings() if _active is not None else []),
+        }

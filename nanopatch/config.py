@@ -1,0 +1,227 @@
+"""Options: explicit arguments beat ``NANOPATCH_*`` environment variables beat auto-detection.
+
+Every option of :func:`nanopatch.patch_torch` can also be given as an environment variable
+``NANOPATCH_<NAME>`` (``NANOPATCH_BF16=0``, ``NANOPATCH_COMPILE=max-autotune``), so processes
+started by the runner, DataLoader workers started by spawn and cluster jobs see the same
+settings. Auto-detection never imports torch: it reads CPU flags and package metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from . import cpu
+from ._log import log_once
+
+ENV_PREFIX = "NANOPATCH_"
+
+#: torch.compile modes the ``compile`` option accepts (``True`` means ``"default"``).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_AUTO = "auto"
+
+#: option name -> kind: "bool" (on/off), "tristate" (on/off/auto), "compile" (off/on/mode).
+OPTIONS: dict[str, str] = {
+    "vision": "bool",
+    "training": "bool",
+    "bf16": "tristate",
+    "channels_last": "tristate",
+    "ipex": "tristate",
+    "compile": "compile",
+}
+
+_DEFAULTS: dict[str, Any] = {"vision": True, "training": True, "compile": False}
+
+
+def env_name(option: str) -> str:
+    return ENV_PREFIX + option.upper()
+
+
+def allowed_values(option: str) -> str:
+    kind = OPTIONS[option]
+    if kind == "bool":
+        return "true/false (or 1/0, yes/no, on/off)"
+    if kind == "tristate":
+        return "true/false (or 1/0, yes/no, on/off), or auto/None"
+    return "false, true, or a torch.compile mode: " + ", ".join(COMPILE_MODES)
+
+
+def _bad(option: str, value: object, where: str) -> ValueError:
+    return ValueError(f"nanopatch option {option!r}{where}: {value!r} is not allowed; use {allowed_values(option)}")
+
+
+def parse_value(option: str, value: object, where: str = "") -> Any:
+    """Normalise one option value; ``None`` means auto. Raises ValueError naming the option."""
+    kind = OPTIONS[option]
+    given = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            value = True
+        elif text in _FALSE:
+            value = False
+        elif text in (_AUTO, "none", ""):
+            value = None
+        elif kind == "compile" and text in COMPILE_MODES:
+            return text
+        else:
+            raise _bad(option, given, where)
+    if value is None:
+        if kind == "tristate":
+            return None
+        raise _bad(option, given, where)
+    if not isinstance(value, bool):
+        raise _bad(option, given, where)
+    if kind == "compile":
+        return "default" if value else False
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A fully resolved set of options, with where each value came from and why."""
+
+    vision: bool
+    training: bool
+    bf16: bool
+    channels_last: bool
+    ipex: bool
+    compile: str | bool  # False, or a torch.compile mode name
+    sources: Mapping[str, str] = dataclasses.field(compare=False)
+    reasons: Mapping[str, str] = dataclasses.field(compare=False)
+
+    def values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in OPTIONS}
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain dict for ``status()``: each option's value, source and reason."""
+        return {
+            name: {
+                "value": getattr(self, name),
+                "source": self.sources[name],
+                "reason": self.reasons[name],
+            }
+            for name in OPTIONS
+        }
+
+    def explicit_environ(self) -> dict[str, str]:
+        """``NANOPATCH_*`` variables for the options chosen explicitly (argument or
+        environment), so child processes resolve the same values; auto choices stay auto
+        and children work them out (with their reasons) themselves."""
+        env = {}
+        for name in OPTIONS:
+            if self.sources[name] in ("argument", "environment"):
+                value = getattr(self, name)
+                env[env_name(name)] = value if isinstance(value, str) else str(int(value))
+        return env
+
+
+def resolve(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Resolve every option: arguments > ``NANOPATCH_*`` environment > auto-detection.
+
+    ``options`` values of ``None`` mean "not given" (auto). Unknown option names raise
+    TypeError, like an unexpected keyword argument; bad values raise ValueError.
+    """
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown nanopatch option(s): {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    for name in OPTIONS:
+        given = options.get(name)
+        value = parse_value(name, given) if given is not None else None
+        if value is not None:
+            sources[name], reasons[name] = "argument", f"set by patch_torch({name}=...)"
+        else:
+            var = env_name(name)
+            raw = environ.get(var)
+            if raw is not None and raw.strip():  # an empty variable counts as unset
+                value = parse_value(name, raw, f" (from {var})")
+                if value is not None:
+                    sources[name], reasons[name] = "environment", f"set by {var}={raw}"
+        if value is None:
+            if name in _DEFAULTS:
+                value = _DEFAULTS[name]
+                sources[name], reasons[name] = "default", "default"
+            else:
+                value, reasons[name] = _AUTODETECT[name]()
+                sources[name] = "auto"
+        values[name] = value
+    return Config(**values, sources=sources, reasons=reasons)
+
+
+# --- auto-detection -------------------------------------------------------------------
+
+
+def _auto_bf16() -> tuple[bool, str]:
+    facts = cpu.host_facts()
+    if not facts.native_bf16:
+        log_once("auto-bf16-off", "bf16 autocast stays off: %s", facts.bf16_reason)
+    return facts.native_bf16, facts.bf16_reason
+
+
+def _auto_channels_last() -> tuple[bool, str]:
+    facts = cpu.host_facts()
+    if facts.avx2:
+        return True, (
+            "x86 CPU with AVX2: oneDNN's fastest convolution kernels use channels-last; "
+            "applied only to models with 2-D/3-D convolutions"
+        )
+    return False, "no AVX2 on this CPU: oneDNN channels-last kernels give no gain here"
+
+
+def distribution_version(name: str) -> str | None:
+    """Installed version of a distribution, from metadata (never imports it)."""
+    import importlib.metadata  # ~20 ms: only when a version is really needed
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def ipex_compatibility() -> tuple[bool, str]:
+    """Whether IPEX is installed and built for the installed torch, judged from package
+    metadata only: importing a mismatched IPEX terminates the interpreter."""
+    ipex = distribution_version("intel-extension-for-pytorch")
+    if ipex is None:
+        return False, "intel-extension-for-pytorch is not installed"
+    torch = distribution_version("torch")
+    if torch is None:
+        return False, f"intel-extension-for-pytorch {ipex} is installed but torch is not"
+    if _major_minor(ipex) != _major_minor(torch):
+        return False, (
+            f"intel-extension-for-pytorch {ipex} needs torch "
+            f"{'.'.join(map(str, _major_minor(ipex)))}.*, but torch {torch} is installed"
+        )
+    return True, f"intel-extension-for-pytorch {ipex} matches torch {torch}"
+
+
+def _auto_ipex() -> tuple[bool, str]:
+    ok, reason = ipex_compatibility()
+    if not ok:
+        log_once("auto-ipex-off", "IPEX off: %s", reason)
+    return ok, reason
+
+
+_AUTODETECT = {
+    "bf16": _auto_bf16,
+    "channels_last": _auto_channels_last,
+    "ipex": _auto_ipex,
+}

@@ -1,0 +1,68 @@
+"""Shared test helpers: run Python in a fresh interpreter, with the test helpers importable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+
+
+def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
+    """The environment for a child interpreter: no NANOPATCH_* leaking in from outside, the
+    tests folder (for demo_targets) on PYTHONPATH, and nanopatch importable even when it is
+    not installed (a plain checkout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOPATCH_")}
+    paths = [str(TESTS_DIR)]
+    try:
+        import nanopatch
+
+        package_parent = str(Path(nanopatch.__file__).resolve().parent.parent)
+    except ImportError:  # pragma: no cover
+        package_parent = str(REPO_ROOT)
+    paths.append(package_parent)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("PYTHONSTARTUP", None)
+    env.update(extra or {})
+    env.update(overrides)
+    return env
+
+
+def run_python(
+    args: list[str] | str,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float = 180,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python <args>`` (or ``python -c <code>`` when given a string) in a fresh process."""
+    if isinstance(args, str):
+        args = ["-c", textwrap.dedent(args)]
+    proc = subprocess.run(
+        [sys.executable, *args],
+        env=child_env() if env is None else env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"python {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture
+def fresh_log_once(monkeypatch):
+    """Forget which one-time messages were already said, so a test can see them."""
+    from nanopatch import _log
+
+    monkeypatch.setattr(_log, "_said", set())

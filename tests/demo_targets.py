@@ -1,0 +1,136 @@
+"""Real patch targets for testing the engine on real torchvision and torch objects.
+
+``register()`` adds two targets to nanopatch's registry:
+
+* ``demo-vision`` (option ``vision``, applied when torchvision is imported) replaces
+  ``torchvision.transforms.Resize`` and ``torchvision.transforms.v2.Resize`` with real
+  subclasses everywhere they are exported, swaps the raw ``staticmethod``
+  ``RandomResizedCrop.get_params`` and adds an attribute that did not exist before;
+* ``demo-training`` (option ``training``, applied when torch is imported) wraps
+  ``torch.optim.Optimizer.__init__`` and ``torch.nn.Module.train`` with wrapt wrappers that
+  count calls.
+
+This module imports neither torch nor torchvision at import time, so tests can check that
+patching before the import works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nanopatch import _patching
+
+SUPPORTED = {"torchvision": ">=0.15", "torch": ">=2.0"}
+
+VISION = _patching.Target(name="demo-vision", option="vision", module="torchvision", patcher="demo_targets")
+TRAINING = _patching.Target(name="demo-training", option="training", module="torch", patcher="demo_training")
+
+CALLS = {"get_params": 0}
+_subclasses: dict[Any, type] = {}  # stock class -> its demo subclass, made once (stable identity)
+
+
+def register() -> None:
+    _patching.register(VISION)
+    _patching.register(TRAINING)
+
+
+def demo_subclass(stock: type) -> type:
+    if stock not in _subclasses:
+        _subclasses[stock] = type(
+            stock.__name__, (stock,), {"__module__": __name__, "__qualname__": f"Demo{stock.__name__}", "demo": True}
+        )
+    return _subclasses[stock]
+
+
+def _demo_get_params(img, scale, ratio):
+    from torchvision.transforms import transforms as stock
+
+    CALLS["get_params"] += 1
+    return _patching.raw_attribute(stock.RandomResizedCrop, "_stock_get_params").__func__(img, scale, ratio)
+
+
+DEMO_GET_PARAMS = staticmethod(_demo_get_params)
+
+
+def patch(config) -> None:
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    stock_resize = T.transforms.Resize
+    _patching.replace_everywhere(stock_resize, demo_subclass(stock_resize), "torchvision")
+    stock_v2_resize = v2.Resize
+    _patching.replace_everywhere(stock_v2_resize, demo_subclass(stock_v2_resize), "torchvision")
+    crop = T.transforms.RandomResizedCrop
+    _patching.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
+    _patching.replace(crop, "get_params", DEMO_GET_PARAMS)
+    _patching.replace(T.transforms, "DEMO_PATCHED", True)
+
+
+def unpatch() -> None:
+    pass  # everything demo-vision does is in the journal
+
+
+# --- checks the tests share -----------------------------------------------------------------
+
+
+def places() -> list[tuple[Any, str]]:
+    """Every (owner, attribute) the demo targets touch (imports torch and torchvision)."""
+    import torch
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    import torchvision.transforms.v2._geometry as v2_geometry
+
+    return [
+        (T, "Resize"),
+        (T.transforms, "Resize"),
+        (v2, "Resize"),
+        (v2_geometry, "Resize"),
+        (T.transforms.RandomResizedCrop, "get_params"),
+        (T.transforms.RandomResizedCrop, "_stock_get_params"),
+        (T.transforms, "DEMO_PATCHED"),
+        (torch.optim.Optimizer, "__init__"),
+        (torch.nn.Module, "train"),
+    ]
+
+
+def snapshot() -> dict[tuple[int, str], Any]:
+    """The raw value of every place (NOTSET where absent), keyed by (id(owner), name)."""
+    return {(id(owner), name): _patching.raw_attribute(owner, name) for owner, name in places()}
+
+
+def assert_same(before: dict[tuple[int, str], Any]) -> None:
+    """Every place holds exactly (``is``) what ``before`` recorded."""
+    now = snapshot()
+    for key, value in before.items():
+        assert now[key] is value, f"{key[1]} is {now[key]!r}, expected {value!r}"
+
+
+def assert_stock() -> None:
+    """Structural check that nothing of the demo targets is in place."""
+    import torch
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    assert T.Resize is T.transforms.Resize and not getattr(T.Resize, "demo", False)
+    assert T.Resize.__module__ == "torchvision.transforms.transforms"
+    assert not getattr(v2.Resize, "demo", False)
+    assert type(T.RandomResizedCrop.__dict__["get_params"]) is staticmethod
+    assert T.RandomResizedCrop.__dict__["get_params"] is not DEMO_GET_PARAMS
+    assert "_stock_get_params" not in vars(T.RandomResizedCrop)
+    assert "DEMO_PATCHED" not in vars(T.transforms)
+    assert not hasattr(torch.optim.Optimizer.__dict__["__init__"], "__wrapped__")
+    assert not hasattr(torch.nn.Module.__dict__["train"], "__wrapped__")
+
+
+def assert_patched(training: bool = True) -> None:
+    import torch
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+
+    assert T.Resize.demo and T.transforms.Resize is T.Resize and v2.Resize.demo
+    assert T.RandomResizedCrop.__dict__["get_params"] is DEMO_GET_PARAMS
+    assert T.transforms.DEMO_PATCHED is True
+    wrapped = hasattr(torch.optim.Optimizer.__dict__["__init__"], "__wrapped__")
+    assert wrapped is training
+    if training:  # wrapped once, not twice
+        assert not hasattr(torch.optim.Optimizer.__dict__["__init__"].__wrapped__, "__wrapped__")

@@ -1,0 +1,157 @@
+"""Options: arguments > NANOPATCH_* environment > auto-detection, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nanopatch import config, cpu
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cpu"
+
+
+def facts_of(name: str) -> cpu.CpuFacts:
+    return cpu.facts(
+        cpuinfo_path=str(FIXTURES / name),
+        proc_self_cgroup="/nonexistent",
+        cgroup_root="/nonexistent",
+        allowed=(0, 1),
+    )
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend to run on a fixture CPU; no IPEX installed; no NANOPATCH_* in the environment."""
+
+    def use(name: str, ipex: str | None = None, torch: str | None = "2.13.0") -> None:
+        monkeypatch.setattr(cpu, "host_facts", lambda: facts_of(name))
+        versions = {"intel-extension-for-pytorch": ipex, "torch": torch}
+        monkeypatch.setattr(config, "distribution_version", lambda dist: versions.get(dist))
+
+    for name in config.OPTIONS:
+        monkeypatch.delenv(config.env_name(name), raising=False)
+    use("xeon_spr_2s_ht.cpuinfo")
+    return use
+
+
+def test_auto_detection_on_a_cpu_with_native_bf16(machine):
+    cfg = config.resolve()
+    assert cfg.bf16 is True and cfg.sources["bf16"] == "auto"
+    assert "amx_bf16" in cfg.reasons["bf16"]
+    assert cfg.channels_last is True and cfg.sources["channels_last"] == "auto"
+    assert cfg.vision is True and cfg.training is True and cfg.compile is False
+    assert cfg.sources["vision"] == "default"
+    assert cfg.ipex is False and cfg.reasons["ipex"] == "intel-extension-for-pytorch is not installed"
+
+
+def test_auto_detection_on_a_cpu_without_native_bf16(machine, fresh_log_once, caplog):
+    machine("xeon_skylake_4c.cpuinfo")
+    caplog.set_level("INFO", logger="nanopatch")
+    cfg = config.resolve()
+    config.resolve()
+    assert cfg.bf16 is False and cfg.sources["bf16"] == "auto"
+    assert "no native bf16" in cfg.reasons["bf16"]
+    said = [r.getMessage() for r in caplog.records if "bf16 autocast stays off" in r.getMessage()]
+    assert len(said) == 1  # once per process, not per call
+
+
+def test_channels_last_auto_is_off_without_avx2(machine):
+    machine("arm64_graviton.cpuinfo")
+    cfg = config.resolve()
+    assert cfg.channels_last is False and "no AVX2" in cfg.reasons["channels_last"]
+
+
+@pytest.mark.parametrize(
+    ("ipex", "torch", "expected", "reason"),
+    [
+        ("2.8.0", "2.8.0", True, "matches torch 2.8.0"),
+        ("2.8.0+cpu", "2.8.1+cu128", True, "matches"),
+        ("2.8.0", "2.13.0", False, "needs torch 2.8.*, but torch 2.13.0 is installed"),
+        (None, "2.13.0", False, "not installed"),
+        ("2.8.0", None, False, "torch is not"),
+    ],
+)
+def test_ipex_compatibility_from_metadata(machine, ipex, torch, expected, reason):
+    machine("xeon_spr_2s_ht.cpuinfo", ipex=ipex, torch=torch)
+    cfg = config.resolve()
+    assert cfg.ipex is expected and reason in cfg.reasons["ipex"]
+
+
+def test_precedence_argument_over_environment_over_auto(machine, monkeypatch):
+    monkeypatch.setenv("NANOPATCH_BF16", "0")
+    monkeypatch.setenv("NANOPATCH_VISION", "off")
+    monkeypatch.setenv("NANOPATCH_COMPILE", "max-autotune")
+    cfg = config.resolve()
+    assert (cfg.bf16, cfg.sources["bf16"], cfg.reasons["bf16"]) == (False, "environment", "set by NANOPATCH_BF16=0")
+    assert cfg.vision is False and cfg.compile == "max-autotune"
+    cfg = config.resolve({"bf16": True, "vision": True, "compile": False})
+    assert cfg.bf16 is True and cfg.sources["bf16"] == "argument"
+    assert cfg.vision is True and cfg.compile is False and cfg.sources["compile"] == "argument"
+    # None as an argument means "not given": the environment still applies
+    assert config.resolve({"bf16": None}).sources["bf16"] == "environment"
+
+
+@pytest.mark.parametrize("raw", ["auto", "AUTO", "", "  "])
+def test_auto_or_empty_environment_means_auto(machine, monkeypatch, raw):
+    monkeypatch.setenv("NANOPATCH_BF16", raw)
+    assert config.resolve().sources["bf16"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), ("true", True), ("Yes", True), ("ON", True), ("0", False), ("false", False), ("no", False)],
+)
+def test_boolean_spellings(machine, monkeypatch, raw, expected):
+    monkeypatch.setenv("NANOPATCH_CHANNELS_LAST", raw)
+    assert config.resolve().channels_last is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, "default"), ("1", "default"), ("reduce-overhead", "reduce-overhead"), (False, False), ("off", False)],
+)
+def test_compile_values(machine, value, expected):
+    assert config.resolve({"compile": value}).compile == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "message"),
+    [
+        ({}, {"NANOPATCH_BF16": "maybe"}, "'bf16' (from NANOPATCH_BF16): 'maybe' is not allowed; use true/false"),
+        ({"compile": "fastest"}, {}, "'compile': 'fastest' is not allowed; use false, true, or a torch.compile mode"),
+        ({}, {"NANOPATCH_COMPILE": "fastest"}, "max-autotune"),
+        ({"vision": "auto"}, {}, "'vision': 'auto' is not allowed"),
+        ({}, {"NANOPATCH_TRAINING": "auto"}, "'training' (from NANOPATCH_TRAINING)"),
+        ({"bf16": 1}, {}, "'bf16': 1 is not allowed"),
+        ({"ipex": "sometimes"}, {}, "'ipex'"),
+    ],
+)
+def test_bad_values_name_the_option_and_the_allowed_values(machine, monkeypatch, options, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as excinfo:
+        config.resolve(options)
+    assert message in str(excinfo.value)
+
+
+def test_unknown_option_is_a_type_error(machine):
+    with pytest.raises(TypeError, match=r"unknown nanopatch option.*bf61"):
+        config.resolve({"bf61": True})
+
+
+def test_explicit_environ_exports_only_explicit_choices(machine, monkeypatch):
+    monkeypatch.setenv("NANOPATCH_VISION", "0")
+    cfg = config.resolve({"bf16": False, "compile": "max-autotune"})
+    assert cfg.explicit_environ() == {
+        "NANOPATCH_VISION": "0",
+        "NANOPATCH_BF16": "0",
+        "NANOPATCH_COMPILE": "max-autotune",
+    }
+
+
+def test_config_equality_ignores_sources(machine, monkeypatch):
+    by_arg = config.resolve({"bf16": True})
+    monkeypatch.setenv("NANOPATCH_BF16", "1")
+    assert config.resolve() == by_arg  # same values: patching again is a no-op
+    assert config.resolve({"bf16": False}) != by_arg
