@@ -10,10 +10,16 @@ processes (DataLoader workers started by spawn or forkserver, subprocesses) are 
 from __future__ import annotations
 
 import argparse
+import builtins
+import importlib.machinery
+import importlib.util
+import io
 import json
 import os
 import runpy
 import sys
+import types
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +35,11 @@ USAGE = (
 
 
 class _UsageError(Exception):
-    pass
+    """Bad runner arguments: exit code 2, as argparse uses."""
+
+
+class _NoModule(Exception):
+    """``-m`` names no importable module: exit code 1, as ``python -m`` uses."""
 
 
 def _compile_mode(text: str) -> Any:
@@ -135,12 +145,42 @@ def run_script(path: str, args: Sequence[str]) -> None:
         sys.path[0] = script_dir
     else:
         sys.path.insert(0, script_dir)
-    runpy.run_path(path, run_name="__main__")
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        exec_script(path)
+    else:  # a directory or zip application with a __main__.py
+        runpy.run_path(path, run_name="__main__")
+
+
+def exec_script(path: str) -> None:
+    """Run a source file as ``__main__`` the way ``python script.py`` does: ``sys.argv[0]``
+    as typed but ``__file__`` absolute (runpy would give both the same value), ``__spec__``
+    None, and the module left in ``sys.modules`` for the rest of the process (atexit
+    handlers, pickling of classes defined in the script, spawn children)."""
+    filename = os.path.abspath(path)
+    with io.open_code(filename) as source_file:
+        source = source_file.read()
+    code = compile(source, filename, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=filename,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", filename),
+        __spec__=None,
+    )
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
 
 
 def run_module(name: str, args: Sequence[str]) -> None:
     # alter_sys=True sets sys.argv[0] to the module's file, as `python -m` does; sys.path[0]
     # is already the current directory because we were started with -m ourselves.
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
+        found = False
+    if not found:
+        raise _NoModule(f"No module named {name}")
     sys.argv[:] = [name, *args]
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 
@@ -163,7 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.info:
         from ._info import collect, format_table
 
-        info = collect()
+        try:
+            info = collect(options)
+        except ValueError as exc:  # a bad NANOPATCH_* value
+            parser.error(str(exc))
         print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
         return 0
     if opts.json:
@@ -189,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 2
+    except _NoModule as exc:
+        print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes.util
 import os
 import platform
+import re
 import sys
 from typing import Any
 
@@ -56,7 +57,8 @@ def loaded_openmp_runtime(maps_path: str = "/proc/self/maps") -> str:
         return "unknown"
     for stem, label in _OPENMP_LIBRARIES:
         for path in sorted(paths):
-            if os.path.basename(path).startswith(stem + "."):
+            # "libgomp.so.1", or a wheel's vendored copy with a hash: "libgomp-a34b3233.so.1"
+            if re.match(re.escape(stem) + r"(-[0-9a-f]+)?\.so", os.path.basename(path)):
                 return f"{label} ({path})"
     return "none loaded"
 
@@ -116,8 +118,9 @@ def _opencv_report() -> dict[str, Any]:
     return {"importable": True, "version": cv2.__version__, "num_threads": cv2.getNumThreads()}
 
 
-def collect() -> dict[str, Any]:
-    """Everything ``--info`` shows, as a JSON-friendly dict."""
+def collect(options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything ``--info`` shows, as a JSON-friendly dict. ``options`` are explicit option
+    values (the runner's flags); the report shows how they resolve with the environment."""
     facts = cpu.host_facts()
     ipex_ok, ipex_reason = config.ipex_compatibility()
     current = status()
@@ -132,7 +135,7 @@ def collect() -> dict[str, Any]:
         "libturbojpeg": libturbojpeg_report(),
         "opencv": _opencv_report(),
         "environment": {name: os.environ.get(name) for name in THREAD_VARIABLES},
-        "options": current["options"],
+        "options": current["options"] if current["patched"] else config.resolve(options).as_dict(),
         "targets": current["targets"],
         "warnings": current["warnings"],
     }

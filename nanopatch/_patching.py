@@ -257,7 +257,7 @@ def _on_import(module: ModuleType) -> None:
                 if target.module == module.__name__:
                     _sync(target)
     except Exception:  # pragma: no cover - defensive
-        logger.exception("nanopatch: patching on import of %s failed; left stock", module.__name__)
+        logger.exception("patching on import of %s failed; left stock", module.__name__)
 
 
 def version_problem(supported: dict[str, str]) -> str | None:
@@ -316,7 +316,7 @@ def _undo_targets(names: Iterable[str]) -> None:
             if patcher is not None and hasattr(patcher, "unpatch"):
                 patcher.unpatch()
         except Exception:
-            logger.exception("nanopatch: %s unpatch() failed; restoring its attributes anyway", name)
+            logger.exception("%s unpatch() failed; restoring its attributes anyway", name)
         _journal.undo(name)
         _applied.remove(name)
         _states[name] = ("unpatched", "")
@@ -344,7 +344,7 @@ def _activate(config: _config.Config | None) -> None:
     if _active is not None:
         if _active == config:
             return  # idempotent
-        logger.info("nanopatch: re-applying patches with new options %s", config.values())
+        logger.info("re-applying patches with new options %s", config.values())
         _undo_targets(list(_applied))
     _active = config
     for target in list(_registry.values()):

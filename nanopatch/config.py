@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import cpu
-from ._log import log_once
+from ._log import log_once, warn_once
 
 ENV_PREFIX = "NANOPATCH_"
 
@@ -155,7 +155,27 @@ def resolve(options: Mapping[str, Any] | None = None, environ: Mapping[str, str]
                 value, reasons[name] = _AUTODETECT[name]()
                 sources[name] = "auto"
         values[name] = value
+    _check_explicit_choices(values, sources, reasons)
     return Config(**values, sources=sources, reasons=reasons)
+
+
+def _check_explicit_choices(values: dict[str, Any], sources: dict[str, str], reasons: dict[str, str]) -> None:
+    """An explicit choice the machine cannot honour well is the user's to fix: say so once."""
+    if values["ipex"] and sources["ipex"] != "auto":
+        ok, why = ipex_compatibility()
+        if not ok:
+            values["ipex"] = False
+            reasons["ipex"] = f"{reasons['ipex']}, but {why}: IPEX stays off"
+            warn_once("explicit-ipex", f"ipex was requested, but {why}; training runs without IPEX")
+    if values["bf16"] and sources["bf16"] != "auto":
+        facts = cpu.host_facts()
+        if not facts.native_bf16:
+            reasons["bf16"] = f"{reasons['bf16']}, although {facts.bf16_reason}"
+            warn_once(
+                "explicit-bf16",
+                f"bf16 was requested, but {facts.bf16_reason}; "
+                "bf16 autocast is on as asked, and likely slower than fp32 here",
+            )
 
 
 # --- auto-detection -------------------------------------------------------------------

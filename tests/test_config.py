@@ -155,3 +155,28 @@ def test_config_equality_ignores_sources(machine, monkeypatch):
     monkeypatch.setenv("NANOPATCH_BF16", "1")
     assert config.resolve() == by_arg  # same values: patching again is a no-op
     assert config.resolve({"bf16": False}) != by_arg
+
+
+def test_explicit_ipex_that_cannot_work_is_turned_off_with_a_warning(machine, fresh_log_once):
+    from nanopatch import NanopatchWarning
+
+    machine("xeon_spr_2s_ht.cpuinfo", ipex="2.8.0", torch="2.13.0")
+    with pytest.warns(NanopatchWarning, match=r"ipex was requested, but .*needs torch 2\.8\.\*"):
+        cfg = config.resolve({"ipex": True})
+    assert cfg.ipex is False and cfg.sources["ipex"] == "argument"
+    assert cfg.reasons["ipex"].endswith("IPEX stays off")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.resolve({"ipex": True})  # said once per process, not per call
+
+
+def test_explicit_bf16_without_native_support_is_kept_with_a_warning(machine, fresh_log_once, monkeypatch):
+    from nanopatch import NanopatchWarning
+
+    machine("laptop_avx2.cpuinfo")
+    monkeypatch.setenv("NANOPATCH_BF16", "1")
+    with pytest.warns(NanopatchWarning, match="bf16 was requested, but CPU has no native bf16"):
+        cfg = config.resolve()
+    assert cfg.bf16 is True and "although" in cfg.reasons["bf16"]
