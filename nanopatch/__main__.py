@@ -137,11 +137,12 @@ def export_environment(cfg: config.Config, log_level: str | None) -> None:
 def run_script(path: str, args: Sequence[str]) -> None:
     if not os.path.exists(path):
         raise _UsageError(f"can't open file {os.path.abspath(path)!r}: No such file or directory")
-    sys.argv[:] = [path, *args]
     # `python script.py` puts the script's directory first on sys.path; `python -m nanopatch`
-    # put the current directory there instead.
+    # put the current directory there instead, and the `nanopatch` command its bin/ folder.
+    launcher_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    sys.argv[:] = [path, *args]
     script_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
-    if sys.path and sys.path[0] in ("", os.getcwd()):
+    if sys.path and sys.path[0] in ("", os.getcwd(), launcher_dir):
         sys.path[0] = script_dir
     else:
         sys.path.insert(0, script_dir)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -105,6 +107,26 @@ def test_script_sees_argv_main_file_and_path_like_plain_python(project, separato
 def test_file_is_absolute_like_plain_python(project):
     seen = ok(runner(["proj/s.py"], cwd=project))
     assert seen["file"] == os.path.join(seen["cwd"], "proj", "s.py")
+
+
+def test_installed_nanopatch_command_runs_scripts_like_python(project):
+    """The `nanopatch` console script (installed next to the interpreter, as under tox)."""
+    command = Path(sys.executable).with_name("nanopatch")
+    if not command.exists():
+        pytest.skip("nanopatch is not installed as a command in this environment (plain checkout)")
+    proc = subprocess.run(
+        [str(command), "--no-bf16", "proj/s.py", "x"],
+        cwd=project,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    seen = ok(proc)
+    assert seen["argv"] == ["proj/s.py", "x"] and seen["patched"] is True
+    assert same_path(seen["path"][0], project / "proj")  # not the command's bin/ folder
+    assert not any(same_path(p, command.parent) for p in seen["path"] if p)
+    assert seen["options"]["bf16"] == [False, "argument"]
 
 
 # --- 2. exit codes and exceptions ------------------------------------------------------------
