@@ -461,3 +461,8 @@ def status() -> dict[str, Any]:
             "targets": target_info,
             "warnings": errors + (_stale_bindings() if _active is not None else []),
         }
+
+
+# --- the built-in targets -------------------------------------------------------------
+
+register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))

@@ -66,3 +66,13 @@ def fresh_log_once(monkeypatch):
     from nanopatch import _log
 
     monkeypatch.setattr(_log, "_said", set())
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The image corpus of tests/data/make_corpus.py (good, bad and unusual files, the
+    12000x9000 JPEG included), built once per session: name -> Entry."""
+    from data.make_corpus import build
+
+    entries = build(tmp_path_factory.mktemp("corpus"), huge=True)
+    return {entry.name: entry for entry in entries}

@@ -76,11 +76,25 @@ def unpatch() -> None:
 def places() -> list[tuple[Any, str]]:
     """Every (owner, attribute) the demo targets touch (imports torch and torchvision)."""
     import torch
+    import torchvision.datasets as datasets
+    import torchvision.datasets.folder as folder
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
     import torchvision.transforms.v2._geometry as v2_geometry
 
     return [
+        # nanopatch's own vision target
+        (folder, "pil_loader"),
+        (folder, "default_loader"),
+        (folder.DatasetFolder, "__getitem__"),
+        (datasets.CIFAR10, "__getitem__"),
+        (datasets.CIFAR100, "__getitem__"),
+        (datasets.MNIST, "__getitem__"),
+        (datasets.FashionMNIST, "__getitem__"),
+        (datasets.QMNIST, "__getitem__"),
+        (datasets.SVHN, "__getitem__"),
+        (datasets.STL10, "__getitem__"),
+        # the demo targets
         (T, "Resize"),
         (T.transforms, "Resize"),
         (v2, "Resize"),
@@ -120,6 +134,10 @@ def assert_stock() -> None:
     assert "DEMO_PATCHED" not in vars(T.transforms)
     assert not hasattr(torch.optim.Optimizer.__dict__["__init__"], "__wrapped__")
     assert not hasattr(torch.nn.Module.__dict__["train"], "__wrapped__")
+    import torchvision.datasets.folder as folder
+
+    assert folder.pil_loader.__module__ == "torchvision.datasets.folder"
+    assert folder.DatasetFolder.__dict__["__getitem__"].__module__ == "torchvision.datasets.folder"
 
 
 def assert_patched(training: bool = True) -> None:
@@ -130,6 +148,9 @@ def assert_patched(training: bool = True) -> None:
     assert T.Resize.demo and T.transforms.Resize is T.Resize and v2.Resize.demo
     assert T.RandomResizedCrop.__dict__["get_params"] is DEMO_GET_PARAMS
     assert T.transforms.DEMO_PATCHED is True
+    import torchvision.datasets.folder as folder
+
+    assert folder.pil_loader.__module__ == "nanopatch.vision.datasets"  # the real vision target too
     wrapped = hasattr(torch.optim.Optimizer.__dict__["__init__"], "__wrapped__")
     assert wrapped is training
     if training:  # wrapped once, not twice

@@ -216,8 +216,8 @@ print("RESULT " + json.dumps({"patched": nanopatch.is_patched(), "states": state
 @pytest.mark.parametrize(
     "options, states",
     [
-        ([], {"demo-vision": "patched", "demo-training": "patched"}),
-        (["--no-vision"], {"demo-vision": "disabled", "demo-training": "patched"}),
+        ([], {"vision": "patched", "demo-vision": "patched", "demo-training": "patched"}),
+        (["--no-vision"], {"vision": "disabled", "demo-vision": "disabled", "demo-training": "patched"}),
     ],
     ids=["default", "no-vision"],
 )

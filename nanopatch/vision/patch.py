@@ -1,0 +1,36 @@
+"""The ``vision`` patch target: what in torchvision nanopatch replaces, applied when torchvision
+is imported (or at once if it already is) and undone exactly by the engine's journal."""
+
+from __future__ import annotations
+
+from .. import _patching
+
+#: torchvision versions this target is written against (its loader and dataset internals).
+SUPPORTED = {"torchvision": ">=0.15"}
+
+
+def patch(config) -> None:
+    import torchvision.datasets as tv_datasets
+    import torchvision.datasets.folder as folder
+
+    from . import datasets
+
+    # The true originals, saved once (setdefault) so a re-patch never saves a replacement.
+    stock_pil_loader = datasets.stock.setdefault("pil_loader", folder.__dict__["pil_loader"])
+    datasets.stock.setdefault("default_loader", folder.__dict__["default_loader"])
+    datasets.stock.setdefault("DatasetFolder.__getitem__", folder.DatasetFolder.__dict__["__getitem__"])
+
+    # default_loader and every loader-taking dataset call folder.pil_loader at call time.
+    _patching.replace_everywhere(stock_pil_loader, datasets.pil_loader, "torchvision")
+    _patching.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
+
+    for name in datasets.IN_MEMORY:
+        cls = getattr(tv_datasets, name, None)
+        if cls is None or "__getitem__" not in cls.__dict__:
+            continue  # not in this torchvision version: stays stock
+        datasets.stock.setdefault(f"{name}.__getitem__", cls.__dict__["__getitem__"])
+        _patching.replace(cls, "__getitem__", datasets.in_memory_getitem_for(name))
+
+
+def unpatch() -> None:
+    pass  # everything above is in the journal
