@@ -97,10 +97,13 @@ def libturbojpeg_report() -> dict[str, Any]:
         report["usable"] = False
         report["reason"] = "PyTurboJPEG is not installed (pip install 'nanopatch[turbojpeg]')"
         return report
+    lib_path = os.environ.get("NANOPATCH_TURBOJPEG_LIB") or None
+    if lib_path:
+        report["library"] = lib_path
     try:
         from turbojpeg import TurboJPEG
 
-        TurboJPEG()
+        TurboJPEG(lib_path=lib_path)
     except Exception as exc:
         report["usable"] = False
         report["reason"] = f"PyTurboJPEG {pyturbo} cannot load libturbojpeg: {_error(exc)}"

@@ -18,7 +18,10 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
     """The environment for a child interpreter: no NANOPATCH_* leaking in from outside, the
     tests folder (for demo_targets) on PYTHONPATH, and nanopatch importable even when it is
     not installed (a plain checkout)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOPATCH_")}
+    from nanopatch import config
+
+    private = {config.env_name(name) for name in config.OPTIONS} | {"NANOPATCH_LOG_LEVEL", "NANOPATCH_DECODER"}
+    env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]
     try:
         import nanopatch

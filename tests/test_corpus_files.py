@@ -4,6 +4,7 @@ entry's note claims, deterministically, from the module and from the command lin
 from __future__ import annotations
 
 import io
+import os
 import struct
 import subprocess
 import sys
@@ -306,7 +307,7 @@ def test_jpeg_corrupt_scan(corpus):
     # and libjpeg-turbo reports it as corrupt data (a warning, not an error)
     turbojpeg = pytest.importorskip("turbojpeg")
     try:
-        tj = turbojpeg.TurboJPEG()
+        tj = turbojpeg.TurboJPEG(lib_path=os.environ.get("NANOPATCH_TURBOJPEG_LIB") or None)
     except (OSError, RuntimeError) as e:  # pragma: no cover
         pytest.skip(f"libturbojpeg not loadable: {e}")
     with warnings.catch_warnings(record=True) as caught:

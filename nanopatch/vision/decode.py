@@ -48,6 +48,8 @@ _TJCS_GRAY = 2
 
 #: Environment variable that pins the JPEG backend: auto (default), turbojpeg, opencv or pil.
 DECODER_VARIABLE = "NANOPATCH_DECODER"
+#: Environment variable with the path of the libturbojpeg to load (default: the system's).
+TURBOJPEG_LIB_VARIABLE = "NANOPATCH_TURBOJPEG_LIB"
 _BACKENDS = ("auto", "turbojpeg", "opencv", "pil")
 
 Source = Any  # str | os.PathLike | bytes | bytearray | memoryview | np.ndarray of uint8
@@ -123,7 +125,8 @@ class _TurboJPEG(_Backend):
     def __init__(self) -> None:
         from turbojpeg import TurboJPEG  # raises if PyTurboJPEG or libturbojpeg is missing
 
-        self._tj = TurboJPEG()
+        # PyTurboJPEG 2.x refuses libjpeg-turbo 2.x (RuntimeError): then OpenCV takes over.
+        self._tj = TurboJPEG(lib_path=os.environ.get(TURBOJPEG_LIB_VARIABLE) or None)
 
     def header(self, data) -> JpegHeader | None:
         try:
