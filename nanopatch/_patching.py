@@ -361,10 +361,6 @@ def is_patched() -> bool:
     return _active is not None
 
 
-def active_config() -> _config.Config | None:
-    return _active
-
-
 class _Scope(contextlib.ContextDecorator):
     """``patched(**options)`` / ``unpatched()``: set a state on entry, restore on exit.
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -197,6 +198,7 @@ IN_MEMORY: dict[str, Callable[[Any, int], tuple[np.ndarray, Any]]] = {
 }
 
 
+@functools.cache  # the same function object every time: re-patching installs an identical one
 def in_memory_getitem(name: str) -> Callable[[Any, int], Any]:
     """``__getitem__`` for the in-memory dataset ``name``: stock unless the transform is a
     nanopatch pipeline, which then gets the uint8 array instead of a PIL image."""
@@ -215,13 +217,3 @@ def in_memory_getitem(name: str) -> Callable[[Any, int], Any]:
     __getitem__.__qualname__ = f"{name}.__getitem__"
     __getitem__.__doc__ = f"``{name}.__getitem__`` with the PIL detour skipped for nanopatch pipelines."
     return __getitem__
-
-
-_in_memory_getitems: dict[str, Callable[[Any, int], Any]] = {}
-
-
-def in_memory_getitem_for(name: str) -> Callable[[Any, int], Any]:
-    """The same function object every time, so re-patching installs an identical replacement."""
-    if name not in _in_memory_getitems:
-        _in_memory_getitems[name] = in_memory_getitem(name)
-    return _in_memory_getitems[name]

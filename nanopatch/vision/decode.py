@@ -98,11 +98,6 @@ def reduction_for(size: tuple[int, int], min_size: tuple[int, int] | None) -> in
     return 1
 
 
-def scaled_size(size: tuple[int, int], factor: int) -> tuple[int, int]:
-    """(h, w) after a 1/factor DCT-scaled decode (libjpeg rounds up)."""
-    return -(-size[0] // factor), -(-size[1] // factor)
-
-
 # --- backends ----------------------------------------------------------------------------
 
 

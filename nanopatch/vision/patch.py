@@ -29,7 +29,7 @@ def patch(config) -> None:
         if cls is None or "__getitem__" not in cls.__dict__:
             continue  # not in this torchvision version: stays stock
         datasets.stock.setdefault(f"{name}.__getitem__", cls.__dict__["__getitem__"])
-        _patching.replace(cls, "__getitem__", datasets.in_memory_getitem_for(name))
+        _patching.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
 
 
 def unpatch() -> None:
