@@ -300,7 +300,7 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
 
     # torchvision's default_loader calls folder.pil_loader through its module globals, so under
     # the patch it is nanopatch's; the stock one is the original nanopatch saved at patch time.
-    stock_loader = datasets.stock["pil_loader"]
+    stock_loader = datasets.original("pil_loader")
     fast_loader = folder.pil_loader
     assert stock_loader.__module__ == "torchvision.datasets.folder", stock_loader.__module__
     assert fast_loader is datasets.pil_loader, f"patch not applied: folder.pil_loader is {fast_loader!r}"

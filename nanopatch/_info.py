@@ -97,7 +97,9 @@ def libturbojpeg_report() -> dict[str, Any]:
         report["usable"] = False
         report["reason"] = "PyTurboJPEG is not installed (pip install 'nanopatch[turbojpeg]')"
         return report
-    lib_path = os.environ.get("NANOPATCH_TURBOJPEG_LIB") or None
+    from .vision.decode import TURBOJPEG_LIB_VARIABLE
+
+    lib_path = os.environ.get(TURBOJPEG_LIB_VARIABLE) or None
     if lib_path:
         report["library"] = lib_path
     try:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
 from collections.abc import Callable
 from typing import Any
@@ -95,20 +96,11 @@ class EncodedImage:
         return _decode.decode_data(self.data, fallback=fallback, min_size=min_size, mode=mode)
 
     def to_pil(self):
-        """What ``torchvision.datasets.folder.pil_loader`` returns for this file."""
-        if self.path is not None:
-            return pil_loader(self.path)
-        from PIL import Image
-
-        array = _decode.decode_fast(self.data)
-        if array is not None:
-            return Image.fromarray(array)
-        with self._open_pil() as img:
-            return img.convert("RGB")
+        """What ``torchvision.datasets.folder.pil_loader`` returns for this file (the bytes
+        already read for ``size`` are reused, not read again)."""
+        return _pil_rgb(self.data, self.path)
 
     def _open_pil(self):
-        import io
-
         from PIL import Image
 
         return Image.open(io.BytesIO(bytes(self.data)))
@@ -127,12 +119,21 @@ class EncodedImage:
 def pil_loader(path):
     """Drop-in for ``torchvision.datasets.folder.pil_loader``: an RGB ``PIL.Image`` with the
     same pixels, decoded by libjpeg-turbo when the file allows, else by the stock loader."""
+    return _pil_rgb(_decode.read_bytes(path), path)
+
+
+def _pil_rgb(data, path):
+    """An RGB PIL image of ``data``: fast-decoded, else by the stock loader for ``path`` (so
+    pixels and errors are stock's), else (bytes only) by Pillow directly."""
     from PIL import Image
 
-    array = _decode.decode_fast(_decode.read_bytes(path))
-    if array is None:
+    array = _decode.decode_fast(data)
+    if array is not None:
+        return Image.fromarray(array)
+    if path is not None:
         return original("pil_loader")(path)
-    return Image.fromarray(array)
+    with Image.open(io.BytesIO(bytes(data))) as img:
+        return img.convert("RGB")
 
 
 def _standard_loader(loader: Callable[..., Any]) -> bool:

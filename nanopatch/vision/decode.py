@@ -218,7 +218,8 @@ def parse_jpeg_header(data) -> JpegHeader | None:
 
 
 _backend_lock = threading.Lock()
-_backends: list[_Backend] | None = None
+_UNLOADED: Any = object()
+_backend: _Backend | None = _UNLOADED  # None: no fast backend, Pillow decodes
 
 
 def _calibration_jpegs() -> list[bytes]:
@@ -255,11 +256,11 @@ def _matches_pillow(backend: _Backend) -> bool:
     return True
 
 
-def _load_backends() -> list[_Backend]:
+def _load_backend() -> _Backend | None:
+    """The first backend that loads and reproduces Pillow's pixels (None: Pillow only)."""
     wanted = os.environ.get(DECODER_VARIABLE, "auto").strip().lower() or "auto"
     if wanted not in _BACKENDS:
         raise ValueError(f"{DECODER_VARIABLE}={wanted!r} is not allowed; use one of: {', '.join(_BACKENDS)}")
-    backends: list[_Backend] = []
     for cls in (_TurboJPEG, _OpenCV):
         if wanted not in ("auto", cls.name):
             continue
@@ -282,30 +283,27 @@ def _load_backends() -> list[_Backend]:
                 level=logging.WARNING,
             )
             continue
-        backends.append(backend)
-        break  # the first backend that works is the one used; the rest need not load
-    if backends:
-        log_once("decoder-chosen", "JPEG decoding with %s", backends[0].name)
-    else:
-        log_once("decoder-chosen", "JPEG decoding with Pillow (no faster decoder available)")
-    return backends
+        log_once("decoder-chosen", "JPEG decoding with %s", backend.name)
+        return backend
+    log_once("decoder-chosen", "JPEG decoding with Pillow (no faster decoder available)")
+    return None
 
 
 def jpeg_backend() -> _Backend | None:
     """The JPEG backend in use in this process (None: Pillow)."""
-    global _backends
-    if _backends is None:
+    global _backend
+    if _backend is _UNLOADED:
         with _backend_lock:
-            if _backends is None:
-                _backends = _load_backends()
-    return _backends[0] if _backends else None
+            if _backend is _UNLOADED:
+                _backend = _load_backend()
+    return _backend
 
 
 def reset_backends() -> None:
     """Forget the chosen backend (tests switch ``NANOPATCH_DECODER``)."""
-    global _backends
+    global _backend
     with _backend_lock:
-        _backends = None
+        _backend = _UNLOADED
 
 
 # --- the public functions ----------------------------------------------------------------
@@ -329,11 +327,11 @@ def jpeg_size(data) -> tuple[int, int] | None:
     return None if header is None else (header.height, header.width)
 
 
-def decode_fast(data, *, min_size: tuple[int, int] | None = None, gray: bool = False) -> np.ndarray | None:
+def decode_fast(data, *, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray | None:
     """Decode JPEG bytes with the fast backend, or return None when stock Pillow must decide.
 
-    Returns (H, W, 3) RGB, or (H, W) for ``gray=True`` (the JPEG's luma, as libjpeg gives it;
-    that equals Pillow's ``L`` only for grayscale JPEGs, so callers use it only for those)."""
+    Returns (H, W, 3) RGB, or (H, W) for ``mode="L"``: a grayscale JPEG's own samples, and for
+    a colour JPEG Pillow's RGB->L conversion of the RGB decode (libjpeg's luma is not that)."""
     backend = jpeg_backend()
     if backend is None or not is_jpeg(data) or not has_eoi(data):
         return None
@@ -342,7 +340,11 @@ def decode_fast(data, *, min_size: tuple[int, int] | None = None, gray: bool = F
         return None
     _decompression_bomb_check(header.width, header.height)
     factor = reduction_for((header.height, header.width), min_size)
-    return backend.decode(data, factor, gray)
+    gray = mode == "L" and header.gray
+    array = backend.decode(data, factor, gray)
+    if array is not None and mode == "L" and not gray:
+        array = rgb_to_l(array)
+    return array
 
 
 def decode(source: Source, *, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
@@ -363,22 +365,8 @@ def decode_data(data, *, fallback: Source, min_size: tuple[int, int] | None = No
     Pillow opens if the fast path declines, so its errors name the file as stock's do."""
     if mode not in ("RGB", "L"):
         raise ValueError(f"decode(): mode must be 'RGB' or 'L', not {mode!r}")
-    if mode == "RGB":
-        array = decode_fast(data, min_size=min_size)
-    else:
-        # A colour JPEG's luma is not Pillow's RGB->L conversion: decode RGB, convert as Pillow.
-        array = decode_fast(data, min_size=min_size, gray=_is_gray_jpeg(data))
-        if array is not None and array.ndim == 3:
-            array = rgb_to_l(array)
-    if array is not None:
-        return array
-    return pil_decode(fallback, mode)
-
-
-def _is_gray_jpeg(data) -> bool:
-    backend = jpeg_backend()
-    header = backend.header(data) if backend is not None and is_jpeg(data) else None
-    return header is not None and header.gray
+    array = decode_fast(data, min_size=min_size, mode=mode)
+    return array if array is not None else pil_decode(fallback, mode)
 
 
 def rgb_to_l(rgb: np.ndarray) -> np.ndarray:

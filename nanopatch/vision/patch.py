@@ -15,10 +15,10 @@ def patch(config) -> None:
 
     from . import datasets
 
-    # The true originals, saved once (setdefault) so a re-patch never saves a replacement.
-    stock_pil_loader = datasets.stock.setdefault("pil_loader", folder.__dict__["pil_loader"])
-    datasets.stock.setdefault("default_loader", folder.__dict__["default_loader"])
-    datasets.stock.setdefault("DatasetFolder.__getitem__", folder.DatasetFolder.__dict__["__getitem__"])
+    # The true originals, saved once (a re-patch never saves a replacement).
+    stock_pil_loader = datasets.original("pil_loader")
+    datasets.original("default_loader")
+    datasets.original("DatasetFolder.__getitem__")
 
     # default_loader and every loader-taking dataset call folder.pil_loader at call time.
     _patching.replace_everywhere(stock_pil_loader, datasets.pil_loader, "torchvision")
@@ -28,7 +28,7 @@ def patch(config) -> None:
         cls = getattr(tv_datasets, name, None)
         if cls is None or "__getitem__" not in cls.__dict__:
             continue  # not in this torchvision version: stays stock
-        datasets.stock.setdefault(f"{name}.__getitem__", cls.__dict__["__getitem__"])
+        datasets.original(f"{name}.__getitem__")
         _patching.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
 
 
