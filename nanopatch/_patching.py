@@ -327,7 +327,7 @@ def _undo_targets(names: Iterable[str]) -> None:
 
 def patch_torch(**options: Any) -> None:
     """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
-    channels_last, ipex, compile. Calling it again with the same options does nothing; with
+    channels_last, ipex, compile, fast_decode. Calling it again with the same options does nothing; with
     different options the patches are re-applied with the new ones."""
     config = _config.resolve(options)
     with _lock:

@@ -33,9 +33,10 @@ OPTIONS: dict[str, str] = {
     "channels_last": "tristate",
     "ipex": "tristate",
     "compile": "compile",
+    "fast_decode": "bool",
 }
 
-_DEFAULTS: dict[str, Any] = {"vision": True, "training": True, "compile": False}
+_DEFAULTS: dict[str, Any] = {"vision": True, "training": True, "compile": False, "fast_decode": True}
 
 
 def env_name(option: str) -> str:
@@ -92,6 +93,7 @@ class Config:
     channels_last: bool
     ipex: bool
     compile: str | bool  # False, or a torch.compile mode name
+    fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 

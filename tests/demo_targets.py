@@ -3,7 +3,8 @@
 ``register()`` adds two targets to nanopatch's registry:
 
 * ``demo-vision`` (option ``vision``, applied when torchvision is imported) replaces
-  ``torchvision.transforms.Resize`` and ``torchvision.transforms.v2.Resize`` with real
+  ``torchvision.transforms.RandomErasing`` and ``torchvision.transforms.v2.RandomErasing`` (classes
+  nanopatch itself leaves stock) with real
   subclasses everywhere they are exported, swaps the raw ``staticmethod``
   ``RandomResizedCrop.get_params`` and adds an attribute that did not exist before;
 * ``demo-training`` (option ``training``, applied when torch is imported) wraps
@@ -42,11 +43,17 @@ def demo_subclass(stock: type) -> type:
     return _subclasses[stock]
 
 
-def _demo_get_params(img, scale, ratio):
-    from torchvision.transforms import transforms as stock
+def stock_crop_class() -> type:
+    """torchvision's own RandomResizedCrop (nanopatch's vision target subclasses it)."""
+    from torchvision.transforms import transforms
 
+    crop = transforms.RandomResizedCrop
+    return crop.__dict__.get("_nanopatch_stock", crop)
+
+
+def _demo_get_params(img, scale, ratio):
     CALLS["get_params"] += 1
-    return _patching.raw_attribute(stock.RandomResizedCrop, "_stock_get_params").__func__(img, scale, ratio)
+    return _patching.raw_attribute(stock_crop_class(), "_stock_get_params").__func__(img, scale, ratio)
 
 
 DEMO_GET_PARAMS = staticmethod(_demo_get_params)
@@ -56,11 +63,11 @@ def patch(config) -> None:
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
-    stock_resize = T.transforms.Resize
-    _patching.replace_everywhere(stock_resize, demo_subclass(stock_resize), "torchvision")
-    stock_v2_resize = v2.Resize
-    _patching.replace_everywhere(stock_v2_resize, demo_subclass(stock_v2_resize), "torchvision")
-    crop = T.transforms.RandomResizedCrop
+    stock_erasing = T.transforms.RandomErasing
+    _patching.replace_everywhere(stock_erasing, demo_subclass(stock_erasing), "torchvision")
+    stock_v2_erasing = v2.RandomErasing
+    _patching.replace_everywhere(stock_v2_erasing, demo_subclass(stock_v2_erasing), "torchvision")
+    crop = stock_crop_class()
     _patching.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
     _patching.replace(crop, "get_params", DEMO_GET_PARAMS)
     _patching.replace(T.transforms, "DEMO_PATCHED", True)
@@ -80,7 +87,7 @@ def places() -> list[tuple[Any, str]]:
     import torchvision.datasets.folder as folder
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
-    import torchvision.transforms.v2._geometry as v2_geometry
+    import torchvision.transforms.v2._augment as v2_augment
 
     return [
         # nanopatch's own vision target
@@ -95,12 +102,12 @@ def places() -> list[tuple[Any, str]]:
         (datasets.SVHN, "__getitem__"),
         (datasets.STL10, "__getitem__"),
         # the demo targets
-        (T, "Resize"),
-        (T.transforms, "Resize"),
-        (v2, "Resize"),
-        (v2_geometry, "Resize"),
-        (T.transforms.RandomResizedCrop, "get_params"),
-        (T.transforms.RandomResizedCrop, "_stock_get_params"),
+        (T, "RandomErasing"),
+        (T.transforms, "RandomErasing"),
+        (v2, "RandomErasing"),
+        (v2_augment, "RandomErasing"),
+        (stock_crop_class(), "get_params"),
+        (stock_crop_class(), "_stock_get_params"),
         (T.transforms, "DEMO_PATCHED"),
         (torch.optim.Optimizer, "__init__"),
         (torch.nn.Module, "train"),
@@ -125,9 +132,9 @@ def assert_stock() -> None:
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
-    assert T.Resize is T.transforms.Resize and not getattr(T.Resize, "demo", False)
-    assert T.Resize.__module__ == "torchvision.transforms.transforms"
-    assert not getattr(v2.Resize, "demo", False)
+    assert T.RandomErasing is T.transforms.RandomErasing and not getattr(T.RandomErasing, "demo", False)
+    assert T.RandomErasing.__module__ == "torchvision.transforms.transforms"
+    assert not getattr(v2.RandomErasing, "demo", False)
     assert type(T.RandomResizedCrop.__dict__["get_params"]) is staticmethod
     assert T.RandomResizedCrop.__dict__["get_params"] is not DEMO_GET_PARAMS
     assert "_stock_get_params" not in vars(T.RandomResizedCrop)
@@ -145,8 +152,8 @@ def assert_patched(training: bool = True) -> None:
     import torchvision.transforms as T
     import torchvision.transforms.v2 as v2
 
-    assert T.Resize.demo and T.transforms.Resize is T.Resize and v2.Resize.demo
-    assert T.RandomResizedCrop.__dict__["get_params"] is DEMO_GET_PARAMS
+    assert T.RandomErasing.demo and T.transforms.RandomErasing is T.RandomErasing and v2.RandomErasing.demo
+    assert stock_crop_class().__dict__["get_params"] is DEMO_GET_PARAMS
     assert T.transforms.DEMO_PATCHED is True
     import torchvision.datasets.folder as folder
 

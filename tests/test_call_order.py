@@ -39,8 +39,8 @@ CASES = {
         assert states == {"vision": "pending", "demo-vision": "pending", "demo-training": "pending"}, states
         import torchvision.transforms as T  # imports torch too: both hooks fire
         demo_targets.assert_patched()
-        from torchvision.transforms import Resize
-        assert Resize.demo and Resize is T.Resize
+        from torchvision.transforms import RandomErasing
+        assert RandomErasing.demo and RandomErasing is T.RandomErasing
         nanopatch.unpatch_torch()
         demo_targets.assert_stock()
         stock = demo_targets.snapshot()
@@ -53,12 +53,12 @@ CASES = {
         import torchvision.transforms as T
         before = demo_targets.snapshot()
         nanopatch.patch_torch()
-        first = T.Resize
+        first = T.RandomErasing
         nanopatch.unpatch_torch()
         demo_targets.assert_same(before)
         nanopatch.patch_torch()
         demo_targets.assert_patched()
-        assert T.Resize is first  # the same replacement object each time
+        assert T.RandomErasing is first  # the same replacement object each time
         nanopatch.unpatch_torch()
         demo_targets.assert_same(before)
     """,
@@ -165,25 +165,25 @@ CASES = {
         assert bare.__name__ == "bare"  # functools.wraps keeps the function's identity
     """,
     "from-import-before-patch": """
-        from torchvision.transforms import Resize
+        from torchvision.transforms import RandomErasing
         import torchvision.transforms as T
-        stock_resize = Resize
+        stock_erasing = RandomErasing
         nanopatch.patch_torch()
-        assert Resize is stock_resize and not getattr(Resize, "demo", False)  # bound early: stays stock
-        assert T.Resize.demo  # looked up after: patched
+        assert RandomErasing is stock_erasing and not getattr(RandomErasing, "demo", False)  # bound early: stays stock
+        assert T.RandomErasing.demo  # looked up after: patched
         warnings = nanopatch.status()["warnings"]
-        assert any("__main__.Resize" in w and "torchvision.transforms" in w for w in warnings), warnings
+        assert any("__main__.RandomErasing" in w and "torchvision.transforms" in w for w in warnings), warnings
         nanopatch.unpatch_torch()
-        assert T.Resize is stock_resize and nanopatch.status()["warnings"] == []
+        assert T.RandomErasing is stock_erasing and nanopatch.status()["warnings"] == []
     """,
     "from-import-after-patch": """
         nanopatch.patch_torch()
-        from torchvision.transforms import Resize
-        from torchvision.transforms.v2 import Resize as ResizeV2
+        from torchvision.transforms import RandomErasing
+        from torchvision.transforms.v2 import RandomErasing as ErasingV2
         import torchvision.transforms as T
-        assert Resize.demo and ResizeV2.demo and Resize is T.Resize
-        from PIL import Image
-        assert Resize(10)(Image.new("RGB", (40, 20))).size == (20, 10)  # a real, working subclass
+        assert RandomErasing.demo and ErasingV2.demo and RandomErasing is T.RandomErasing
+        import torch
+        assert RandomErasing(p=1.0, value=7)(torch.zeros(3, 20, 40)).eq(7).any()  # a real, working subclass
         nanopatch.unpatch_torch()
         demo_targets.assert_stock()
     """,
@@ -194,7 +194,7 @@ CASES = {
         targets = nanopatch.status()["targets"]
         assert targets["demo-vision"]["state"] == "disabled"
         assert targets["demo-training"]["state"] == "patched"
-        assert not getattr(T.Resize, "demo", False)
+        assert not getattr(T.RandomErasing, "demo", False)
         nanopatch.patch_torch(vision=True)  # new options: re-applied
         demo_targets.assert_patched()
         nanopatch.unpatch_torch()
@@ -220,7 +220,7 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
         "SUPPORTED = {}\n"
         "def patch(config):\n"
         "    import torchvision.transforms as T\n"
-        "    _patching.replace(T, 'Resize', object())\n"
+        "    _patching.replace(T, 'RandomErasing', object())\n"
         "    raise RuntimeError('half-way')\n"
         "def unpatch():\n"
         "    pass\n"
@@ -233,7 +233,7 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
         _patching.register(_patching.Target("broken", "vision", "torchvision", "broken_target"))
         nanopatch.patch_torch()
         import torchvision.transforms as T
-        assert T.Resize is T.transforms.Resize
+        assert T.RandomErasing is T.transforms.RandomErasing
         target = nanopatch.status()["targets"]["broken"]
         assert target["state"] == "failed" and "half-way" in target["detail"], target
         assert target["attributes"] == []

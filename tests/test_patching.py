@@ -108,10 +108,10 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
     assert status["patched"] is True
     vision = status["targets"]["demo-vision"]
     assert vision["state"] == "patched" and vision["module"] == "torchvision" and vision["option"] == "vision"
-    assert "torchvision.transforms.Resize" in vision["attributes"]
+    assert "torchvision.transforms.RandomErasing" in vision["attributes"]
     assert "torch.optim.optimizer.Optimizer.__init__" in status["targets"]["demo-training"]["attributes"]
     assert status["options"]["bf16"] == {"value": False, "source": "argument", "reason": "set by patch_torch(bf16=...)"}
-    assert set(status["options"]) == {"vision", "training", "bf16", "channels_last", "ipex", "compile"}
+    assert set(status["options"]) == {"vision", "training", "bf16", "channels_last", "ipex", "compile", "fast_decode"}
     import json
 
     json.dumps(status)  # plain data only

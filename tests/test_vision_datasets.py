@@ -33,6 +33,8 @@ class EncodedProbe:
         self.seen.append(sample)
         if isinstance(sample, datasets.EncodedImage):
             sample = sample.decode(min_size=self.min_size)
+        elif isinstance(sample, datasets.DecodedImage):
+            sample = sample.array
         return torch.from_numpy(np.array(sample))
 
 
@@ -74,7 +76,9 @@ def test_image_folder_returns_stock_pil_images(image_folder, vision_patched):
 
 
 def test_image_folder_with_stock_transforms_gives_stock_tensors(image_folder, vision_patched):
-    transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+    with nanopatch.unpatched():  # stock classes: the dataset must hand them what stock does
+        transform = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+    assert type(transform).__module__.startswith("torchvision.")
     patched = torchvision.datasets.ImageFolder(image_folder, transform=transform)
     with nanopatch.unpatched():
         stock = torchvision.datasets.ImageFolder(image_folder, transform=transform)
@@ -197,10 +201,12 @@ def test_in_memory_datasets_skip_the_pil_detour_for_pipelines_only(name, vision_
     ds.target_transform = lambda t: ("target", t)
     for i, (img, target) in enumerate(stock):
         _, got_target = ds[i]
-        raw = probe.seen[-1]
+        assert isinstance(probe.seen[-1], datasets.DecodedImage)
+        raw = probe.seen[-1].array
         assert isinstance(raw, np.ndarray) and raw.dtype == np.uint8
         assert np.array_equal(raw, np.asarray(img))  # HWC RGB, or HW for the "L" datasets
         assert not raw.flags.writeable  # the pipeline cannot scribble on the dataset
+        assert np.array_equal(np.asarray(probe.seen[-1].to_pil()), np.asarray(img))
         assert got_target == ("target", target)
 
 

@@ -8,7 +8,8 @@
   ``__nanopatch_accepts_encoded__`` attribute), ``DatasetFolder`` hands it an
   :class:`EncodedImage` instead, so the pipeline can decode at the scale its first
   resize or crop needs, and the in-memory datasets (CIFAR, MNIST, SVHN, STL10) hand it their
-  uint8 arrays without the PIL detour. With any other transform, or none, they are stock.
+  uint8 arrays (as a :class:`DecodedImage`) without the PIL detour. With any other transform,
+  or none, they are stock.
 """
 
 from __future__ import annotations
@@ -113,6 +114,24 @@ class EncodedImage:
         return f"EncodedImage({what})"
 
 
+class DecodedImage:
+    """Pixels a dataset would have wrapped in a PIL image (an "L" image for a 2-D array, "RGB"
+    for HWC): what the in-memory datasets hand a nanopatch pipeline instead. Read-only."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def to_pil(self):
+        from PIL import Image
+
+        return Image.fromarray(np.ascontiguousarray(self.array))
+
+    def __repr__(self) -> str:
+        return f"DecodedImage(shape={self.array.shape})"
+
+
 # --- loaders -------------------------------------------------------------------------------
 
 
@@ -210,7 +229,7 @@ def in_memory_getitem(name: str) -> Callable[[Any, int], Any]:
         if not accepts_encoded(self.transform):
             return original(key)(self, index)
         pixels, target = extract(self, index)
-        sample = self.transform(_readonly(pixels))
+        sample = self.transform(DecodedImage(_readonly(pixels)))
         if self.target_transform is not None:
             target = self.target_transform(target)
         return sample, target

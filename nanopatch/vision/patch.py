@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from .. import _patching
 
-#: torchvision versions this target is written against (its loader and dataset internals).
+#: torchvision versions this target is written against (its loader, dataset and transform internals).
 SUPPORTED = {"torchvision": ">=0.15"}
 
 
 def patch(config) -> None:
     import torchvision.datasets as tv_datasets
     import torchvision.datasets.folder as folder
+    import torchvision.transforms  # noqa: F401 - loads the modules whose names are replaced
 
-    from . import datasets
+    from . import datasets, transforms
 
     # The true originals, saved once (a re-patch never saves a replacement).
     stock_pil_loader = datasets.original("pil_loader")
@@ -30,6 +31,11 @@ def patch(config) -> None:
             continue  # not in this torchvision version: stays stock
         datasets.original(f"{name}.__getitem__")
         _patching.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
+
+    # Transform classes: where torchvision defines them and every namespace re-exporting them.
+    for name in transforms.__all__:
+        ours = getattr(transforms, name)
+        _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
 
 
 def unpatch() -> None:

@@ -1,0 +1,293 @@
+"""Pixel kernels on HWC uint8 ndarrays: torchvision's functional ops with stock's pixels.
+
+Every kernel takes ``arr``, a 3-D ``uint8`` array of shape (H, W, C) with C == 1 (what a PIL
+"L" image holds) or C == 3 ("RGB"), possibly a read-only or strided view, and returns a new
+array (or a view of the input where stock would copy unchanged pixels, e.g. a crop inside the
+image); the input is never written to. The reference for each kernel is what
+``torchvision.transforms.functional`` returns on the same pixels as a PIL image, which is the
+path stock torchvision takes for ImageFolder-style data:
+
+* bilinear resize runs torch's uint8 antialiased kernel one axis at a time, in the order Pillow
+  resamples the axes, so rounding happens where Pillow's does: within 1 grey level of Pillow
+  (usually equal); other filters run on Pillow itself, bit-exact;
+* nearest resize reproduces Pillow's accumulated source coordinates, bit-exact;
+* crops and flips are exact; the fused ``to_tensor_normalize`` is bit-identical to ToTensor
+  followed by Normalize (a per-channel float32 lookup table computed with stock's arithmetic);
+* colour and geometry kernels live in ``_color`` and ``_geometry`` and are re-exported here.
+
+A kernel raises ``NotImplementedError`` for an input it cannot reproduce within tolerance
+(an unusual filter, say); callers then run stock torchvision on a PIL image instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._opencv import cv2
+
+# torchvision.transforms.InterpolationMode values (strings), so this module needs no torchvision.
+NEAREST = "nearest"
+BILINEAR = "bilinear"
+BICUBIC = "bicubic"
+_PIL_FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+
+
+def _mode_value(interpolation) -> str:
+    return getattr(interpolation, "value", interpolation)
+
+
+# --- conversions -----------------------------------------------------------------------------
+
+
+def from_pil(img) -> np.ndarray:
+    """The pixels of an "L" or "RGB" PIL image as (H, W, C) uint8 (a fresh array)."""
+    arr = np.asarray(img)
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def to_pil(arr: np.ndarray):
+    """An "L" (C == 1) or "RGB" (C == 3) PIL image of ``arr``."""
+    from PIL import Image
+
+    return Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if arr.shape[2] == 1 else arr))
+
+
+def contiguous(arr: np.ndarray) -> np.ndarray:
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+# --- resize --------------------------------------------------------------------------------
+
+
+def _vertical_first(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
+    """Whether Pillow resamples the rows before the columns for this resize.
+
+    Pillow 10.4+ does the vertical pass first when it shrinks the height by more than twice
+    what it shrinks the width (so the second pass runs on fewer rows); older Pillow always
+    went horizontal first.
+    """
+    return _pillow_picks_order() and in_hw[0] > out_hw[0] and (in_hw[0] - out_hw[0]) > 2 * (in_hw[1] - out_hw[1])
+
+
+@functools.cache
+def _pillow_picks_order() -> bool:
+    """Whether this Pillow resamples rows first when the height shrinks most: a direct resize of
+    a noise image is compared with Pillow's own two single-axis passes in either order."""
+    from PIL import Image
+
+    noise = Image.fromarray(np.random.default_rng(7).integers(0, 256, (40, 9), dtype=np.uint8))
+    direct = np.asarray(noise.resize((8, 5), Image.BILINEAR))
+    rows_first = np.asarray(noise.resize((9, 5), Image.BILINEAR).resize((8, 5), Image.BILINEAR))
+    columns_first = np.asarray(noise.resize((8, 40), Image.BILINEAR).resize((8, 5), Image.BILINEAR))
+    return bool(np.array_equal(direct, rows_first) and not np.array_equal(direct, columns_first))
+
+
+def _torch_resize(arr: np.ndarray, size: tuple[int, int], *, vertical_first: bool) -> np.ndarray:
+    import torch
+    import torch.nn.functional as tf
+
+    if not (arr.flags.c_contiguous and arr.flags.writeable):
+        arr = arr.copy()  # torch warns about read-only arrays (it only reads this one)
+    t = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)  # 1CHW view, channels-last memory
+    out_h, out_w = size
+
+    def rows(t):
+        if t.shape[2] == out_h:
+            return t
+        return tf.interpolate(t, size=(out_h, t.shape[3]), mode="bilinear", antialias=True, align_corners=False)
+
+    def columns(t):
+        if t.shape[3] == out_w:
+            return t
+        return tf.interpolate(t, size=(t.shape[2], out_w), mode="bilinear", antialias=True, align_corners=False)
+
+    t = columns(rows(t)) if vertical_first else rows(columns(t))
+    if t.shape[1] > 1 and not t.is_contiguous(memory_format=torch.channels_last):
+        # the kernel returns planar (NCHW) memory: interleave the planes again (cv2.merge is
+        # ~30x faster than a numpy transpose copy), so later steps get HWC-contiguous pixels
+        return cv2().merge(list(t[0].numpy()))
+    return t[0].permute(1, 2, 0).numpy()
+
+
+def _nearest_positions(in_len: int, out_len: int) -> np.ndarray:
+    """Pillow's nearest-neighbour source index per output pixel: a double that starts at half a
+    step and grows by the step, truncated (accumulated in the same order as Pillow's loop)."""
+    step = in_len / out_len
+    steps = np.full(out_len, step, dtype=np.float64)
+    steps[0] = step * 0.5
+    return np.minimum(np.add.accumulate(steps).astype(np.int64), in_len - 1)
+
+
+def resize(arr: np.ndarray, size: Sequence[int], interpolation=BILINEAR) -> np.ndarray:
+    """``arr`` resized to ``size`` = (h, w) as Pillow's ``Image.resize`` does it."""
+    out_h, out_w = int(size[0]), int(size[1])
+    mode = _mode_value(interpolation)
+    if mode not in _PIL_FILTERS or out_h <= 0 or out_w <= 0:
+        raise NotImplementedError(f"resize with {interpolation!r} to {size!r}")
+    in_h, in_w = arr.shape[:2]
+    if (out_h, out_w) == (in_h, in_w):
+        return arr
+    if mode == NEAREST:
+        return arr[_nearest_positions(in_h, out_h)][:, _nearest_positions(in_w, out_w)]
+    if mode == BILINEAR and arr.shape[2] == 3:
+        return _torch_resize(arr, (out_h, out_w), vertical_first=_vertical_first((in_h, in_w), (out_h, out_w)))
+    return from_pil(to_pil(arr).resize((out_w, out_h), _PIL_FILTERS[mode]))
+
+
+# --- crops and flips -------------------------------------------------------------------------
+
+
+def crop(arr: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    """The box as Pillow crops it: a view when it lies inside the image, zeros where it does
+    not (Pillow pads a box that runs off the image with black)."""
+    in_h, in_w, channels = arr.shape
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    if top >= 0 and left >= 0 and top + height <= in_h and left + width <= in_w and height >= 0 and width >= 0:
+        return arr[top : top + height, left : left + width]
+    out = np.zeros((max(height, 0), max(width, 0), channels), np.uint8)
+    y0, y1 = max(top, 0), min(top + height, in_h)
+    x0, x1 = max(left, 0), min(left + width, in_w)
+    if y1 > y0 and x1 > x0:
+        out[y0 - top : y1 - top, x0 - left : x1 - left] = arr[y0:y1, x0:x1]
+    return out
+
+
+def center_crop(arr: np.ndarray, output_size: Sequence[int]) -> np.ndarray:
+    """``F.center_crop`` on a PIL image: pad with zeros when the crop is larger, then crop at
+    the rounded centre."""
+    crop_h, crop_w = int(output_size[0]), int(output_size[1])
+    in_h, in_w = arr.shape[:2]
+    if crop_w > in_w or crop_h > in_h:
+        pad_left = (crop_w - in_w) // 2 if crop_w > in_w else 0
+        pad_top = (crop_h - in_h) // 2 if crop_h > in_h else 0
+        padded_h = in_h + pad_top + ((crop_h - in_h + 1) // 2 if crop_h > in_h else 0)
+        padded_w = in_w + pad_left + ((crop_w - in_w + 1) // 2 if crop_w > in_w else 0)
+        arr = crop(arr, -pad_top, -pad_left, padded_h, padded_w)
+        in_h, in_w = padded_h, padded_w
+        if (crop_h, crop_w) == (in_h, in_w):
+            return arr
+    top = round((in_h - crop_h) / 2.0)
+    left = round((in_w - crop_w) / 2.0)
+    return crop(arr, top, left, crop_h, crop_w)
+
+
+def resized_crop(arr, top, left, height, width, size, interpolation=BILINEAR) -> np.ndarray:
+    return resize(crop(arr, top, left, height, width), size, interpolation)
+
+
+def hflip(arr: np.ndarray) -> np.ndarray:
+    return cv2().flip(contiguous(arr), 1)[:, :, None] if arr.shape[2] == 1 else cv2().flip(contiguous(arr), 1)
+
+
+def vflip(arr: np.ndarray) -> np.ndarray:
+    return arr[::-1]
+
+
+# --- to tensor -----------------------------------------------------------------------------
+
+
+def pil_to_tensor(arr: np.ndarray):
+    """``F.pil_to_tensor``: uint8 CHW, contiguous."""
+    import torch
+
+    out = torch.empty((arr.shape[2], arr.shape[0], arr.shape[1]), dtype=torch.uint8)
+    out.numpy()[...] = arr.transpose(2, 0, 1)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _lookup_table(channels: int, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> np.ndarray:
+    """(channels, 256) float32: value / 255, then (x - mean) / std, each step in float32 as
+    ToTensor's ``div(255)`` and Normalize's ``sub_``/``div_`` compute it."""
+    levels = np.arange(256, dtype=np.float32) / np.float32(255)
+    table = np.repeat(levels[None], channels, axis=0)
+    if mean is not None:
+        m = np.broadcast_to(np.asarray(mean, np.float32), (channels,))[:, None]
+        s = np.broadcast_to(np.asarray(std, np.float32), (channels,))[:, None]
+        table = (table - m) / s
+    table.flags.writeable = False
+    return table
+
+
+def to_tensor_normalize(arr: np.ndarray, mean: Sequence[float] | None = None, std: Sequence[float] | None = None):
+    """ToTensor (uint8 HWC -> float32 CHW in [0, 1]), then Normalize when ``mean`` and ``std``
+    are given, in one pass; bit-identical to the two stock steps. ``mean``/``std`` must have 1
+    or C entries (as Normalize broadcasts them)."""
+    import torch
+
+    in_h, in_w, channels = arr.shape
+    key_mean = None if mean is None else tuple(float(v) for v in mean)
+    key_std = None if std is None else tuple(float(v) for v in std)
+    if key_mean is not None and (len(key_mean) not in (1, channels) or len(key_std) not in (1, channels)):
+        raise NotImplementedError("mean/std do not broadcast over the channels")
+    table = _lookup_table(channels, key_mean, key_std)
+    out = torch.empty((channels, in_h, in_w), dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    planes = out.numpy()
+    lut = cv2().LUT
+    if channels == 1:
+        lut(contiguous(arr[:, :, 0]), table[0], dst=planes[0])
+    else:
+        for c, plane in enumerate(cv2().split(contiguous(arr))):
+            lut(plane, table[c], dst=planes[c])
+    return out
+
+
+def to_tensor(arr: np.ndarray):
+    """``F.to_tensor`` of a uint8 image: float32 CHW in [0, 1]."""
+    return to_tensor_normalize(arr)
+
+
+# --- colour and geometry kernels (their own modules), re-exported ----------------------------
+
+from ._color import (  # noqa: E402
+    adjust_brightness,
+    adjust_contrast,
+    adjust_gamma,
+    adjust_hue,
+    adjust_saturation,
+    adjust_sharpness,
+    autocontrast,
+    color_jitter,
+    equalize,
+    invert,
+    posterize,
+    rgb_to_grayscale,
+    solarize,
+)
+from ._geometry import affine, gaussian_blur, pad, rotate  # noqa: E402
+
+__all__ = [
+    "adjust_brightness",
+    "adjust_contrast",
+    "adjust_gamma",
+    "adjust_hue",
+    "adjust_saturation",
+    "adjust_sharpness",
+    "affine",
+    "autocontrast",
+    "center_crop",
+    "color_jitter",
+    "crop",
+    "equalize",
+    "from_pil",
+    "gaussian_blur",
+    "hflip",
+    "invert",
+    "pad",
+    "pil_to_tensor",
+    "posterize",
+    "resize",
+    "resized_crop",
+    "rgb_to_grayscale",
+    "rotate",
+    "solarize",
+    "to_pil",
+    "to_tensor",
+    "to_tensor_normalize",
+    "vflip",
+]

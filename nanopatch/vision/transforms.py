@@ -1,0 +1,572 @@
+"""Drop-in ``torchvision.transforms`` (v1) classes that run on ndarrays.
+
+Each class here subclasses the stock class of the same name, so constructors, defaults,
+argument checks, ``repr``, ``get_params`` and pickling are stock's own; only the call differs:
+
+* on a PIL image ("L"/"RGB"), an undecoded dataset file or a uint8 ndarray, the parameters
+  are drawn with the same ``torch``/``random`` calls stock makes (torchvision's own
+  ``get_params``), then the pixels go through :mod:`nanopatch.vision.functional`; the result is
+  the type stock returns (a PIL image for a PIL image, an ndarray for an ndarray);
+* on anything else (tensors, other PIL modes) the stock code runs unchanged;
+* a kernel that cannot reproduce stock for some argument raises ``NotImplementedError`` and
+  the step runs stock's PIL code with the parameters already drawn.
+
+A :class:`Compose` plans its steps once: consecutive nanopatch steps pass one ndarray along
+with no PIL round trips, ``ToTensor`` + ``Normalize`` fuse into one lookup, any other step
+(a ``Lambda``, a third-party transform) gets exactly the type stock would have passed it, and
+when a dataset hands the pipeline an undecoded JPEG, the first Resize / RandomResizedCrop lets
+the decoder work at the smallest DCT scale it allows (the ``fast_decode`` option).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.functional as F
+from torchvision.transforms import autoaugment as _tv_autoaugment
+from torchvision.transforms import transforms as _tv
+
+from . import functional as fn
+from ._pixels import Pixels
+from .datasets import ACCEPTS_ENCODED
+
+__all__ = [
+    "AutoAugment",
+    "CenterCrop",
+    "ColorJitter",
+    "Compose",
+    "GaussianBlur",
+    "Grayscale",
+    "Normalize",
+    "PILToTensor",
+    "Pad",
+    "RandAugment",
+    "RandomAffine",
+    "RandomApply",
+    "RandomChoice",
+    "RandomCrop",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomOrder",
+    "RandomResizedCrop",
+    "RandomRotation",
+    "RandomVerticalFlip",
+    "Resize",
+    "ToTensor",
+    "TrivialAugmentWide",
+]
+
+
+def stock_class(module, name: str) -> type:
+    """torchvision's own class ``name``, also when ``module`` already holds nanopatch's."""
+    cls = module.__dict__[name]
+    return cls.__dict__.get("_nanopatch_stock", cls) if cls.__module__.startswith("nanopatch.") else cls
+
+
+def fast_decode_enabled() -> bool:
+    """The ``fast_decode`` option in force (the environment's, in a process never patched)."""
+    from .. import _patching, config
+
+    active = _patching._active
+    if active is not None:
+        return active.fast_decode
+    raw = os.environ.get(config.env_name("fast_decode"), "").strip()
+    return True if not raw else config.parse_value("fast_decode", raw, " (from the environment)")
+
+
+# --- running steps on Pixels -------------------------------------------------------------
+
+
+def run_step(step: Any, value: Any) -> Any:
+    """One pipeline step on the value so far (a Pixels, or whatever a stock step returned)."""
+    if isinstance(value, Pixels):
+        run = getattr(step, "_nanopatch_run", None)
+        if run is not None:
+            return run(value)
+        return step(value.output())
+    return step(value)
+
+
+def finish(value: Any, original: Any) -> Any:
+    """What the caller gets: the stock type, never a view into the caller's own ndarray."""
+    if not isinstance(value, Pixels):
+        return value
+    out = value.output()
+    if isinstance(out, np.ndarray) and isinstance(original, np.ndarray) and np.may_share_memory(out, original):
+        out = out.copy()
+    return out
+
+
+def _pillow(px: Pixels, stock_op, *args, **kwargs) -> Pixels:
+    """Stock's own PIL op. Used for rotate and affine: nanopatch's exact ndarray versions of
+    Pillow's nearest and bilinear warps (``functional.affine``/``rotate``) are slower than
+    Pillow's C loops, even counting the conversion to a PIL image and back."""
+    return px.with_pil(stock_op(px.pil(), *args, **kwargs))
+
+
+def _kernel(px: Pixels, kernel, stock_op, *args, **kwargs) -> Pixels:
+    """``kernel(array, *args)`` on the pixels, or stock's PIL op when the kernel declines."""
+    try:
+        return px.with_array(kernel(px.array(), *args, **kwargs))
+    except NotImplementedError:
+        return px.with_pil(stock_op(px.pil(), *args, **kwargs))
+
+
+class _Fast:
+    """Mixin of every nanopatch transform: the entry point and the stock fallback."""
+
+    _nanopatch_stock: type
+    #: run the ndarray kernels for a lone call on a PIL image (where they beat Pillow)
+    _pil_alone = True
+
+    def _nanopatch_run(self, px: Pixels) -> Any:  # pragma: no cover - every class overrides it
+        raise NotImplementedError
+
+    def _nanopatch_call(self, *args, **kwargs):
+        px = Pixels.accept(args[0]) if len(args) == 1 and not kwargs else None
+        if px is None or (px.is_pil_image and not self._pil_alone):
+            return self._stock_call(*args, **kwargs)
+        return finish(self._nanopatch_run(px), args[0])
+
+    def _stock_call(self, *args, **kwargs):
+        stock = self._nanopatch_stock
+        call = stock.forward if issubclass(stock, torch.nn.Module) else stock.__call__
+        return call(self, *args, **kwargs)
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` compiles the stock class: a copy of this object as one."""
+        stock = self._nanopatch_stock
+        clone = stock.__new__(stock)
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+
+# datasets may hand a nanopatch transform an undecoded file (see datasets.ACCEPTS_ENCODED)
+setattr(_Fast, ACCEPTS_ENCODED, True)
+
+
+def _entry(cls):
+    """Route calls of ``cls`` (a nn.Module's ``forward`` or a plain class's ``__call__``)."""
+    stock = cls.__mro__[2]
+    cls._nanopatch_stock = stock
+    if issubclass(stock, torch.nn.Module):
+        cls.forward = _Fast._nanopatch_call
+    else:
+        cls.__call__ = _Fast._nanopatch_call
+    return cls
+
+
+# --- geometry ------------------------------------------------------------------------------
+
+
+def _scaled_decode(px: Pixels, need_hw: tuple[int, int]) -> tuple[np.ndarray, float, float]:
+    """The pixels, DCT-scaled down as far as keeps the whole image at least ``need_hw`` when
+    the file is still encoded and fast decode is on; with the (y, x) scale of what came back."""
+    if not px.encoded or not fast_decode_enabled():
+        return px.array(), 1.0, 1.0
+    _, full_h, full_w = px.dims()
+    arr = px.array(min_size=need_hw)
+    return arr, arr.shape[0] / full_h, arr.shape[1] / full_w
+
+
+@_entry
+class Resize(_Fast, stock_class(_tv, "Resize")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        size = self.size
+        if not (isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) in (1, 2))):
+            return px.with_pil(self._stock_call(px.pil()))  # stock raises, or knows what to do
+        if isinstance(size, (list, tuple)) and len(size) == 2 and self.max_size is not None:
+            return px.with_pil(self._stock_call(px.pil()))
+        _, height, width = px.dims()
+        requested = [size] if isinstance(size, int) else list(size)
+        out = F._compute_resized_output_size((height, width), requested, self.max_size)
+        if [height, width] == out:
+            return px
+        if self.antialias is False and px.domain == "pil":
+            warnings.warn(
+                "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
+            )
+        interpolation = self.interpolation
+        if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
+            return px.with_pil(self._stock_call(px.pil()))
+        arr, _, _ = _scaled_decode(px, tuple(out))
+        return px.with_array(fn.resize(arr, out, interpolation))
+
+
+@_entry
+class CenterCrop(_Fast, stock_class(_tv, "CenterCrop")):
+    _pil_alone = False
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return px.with_array(fn.center_crop(px.array(), self.size))
+
+
+def _scaled_box(top, left, height, width, sy, sx, shape) -> tuple[int, int, int, int]:
+    """A crop box in full-resolution coordinates, on an image decoded at (sy, sx) of it."""
+    y0, y1 = round(top * sy), round((top + height) * sy)
+    x0, x1 = round(left * sx), round((left + width) * sx)
+    y0, x0 = min(max(y0, 0), shape[0] - 1), min(max(x0, 0), shape[1] - 1)
+    return y0, x0, max(min(y1, shape[0]) - y0, 1), max(min(x1, shape[1]) - x0, 1)
+
+
+@_entry
+class RandomResizedCrop(_Fast, stock_class(_tv, "RandomResizedCrop")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        # parameters in full-resolution coordinates: the same crop whatever scale decodes
+        top, left, height, width = self.get_params(px.proxy(), self.scale, self.ratio)
+        out_h, out_w = self.size
+        _, full_h, full_w = px.dims()
+        need = (math.ceil(out_h * full_h / max(height, 1)), math.ceil(out_w * full_w / max(width, 1)))
+        arr, sy, sx = _scaled_decode(px, need)
+        if (sy, sx) != (1.0, 1.0):
+            top, left, height, width = _scaled_box(top, left, height, width, sy, sx, arr.shape)
+        try:
+            return px.with_array(fn.resized_crop(arr, top, left, height, width, [out_h, out_w], self.interpolation))
+        except NotImplementedError:
+            img = px.pil() if (sy, sx) == (1.0, 1.0) else fn.to_pil(arr)
+            return px.with_pil(F.resized_crop(img, top, left, height, width, self.size, self.interpolation))
+
+
+@_entry
+class RandomCrop(_Fast, stock_class(_tv, "RandomCrop")):
+    _pil_alone = False
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if self.padding is not None:
+            px = _kernel(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
+        _, height, width = px.dims()
+        if self.pad_if_needed and width < self.size[1]:
+            px = _kernel(px, fn.pad, F.pad, [self.size[1] - width, 0], self.fill, self.padding_mode)
+        if self.pad_if_needed and height < self.size[0]:
+            px = _kernel(px, fn.pad, F.pad, [0, self.size[0] - height], self.fill, self.padding_mode)
+        top, left, h, w = self.get_params(px.proxy(), self.size)
+        return px.with_array(fn.crop(px.array(), top, left, h, w))
+
+
+@_entry
+class RandomHorizontalFlip(_Fast, stock_class(_tv, "RandomHorizontalFlip")):
+    _pil_alone = False
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if torch.rand(1) < self.p:
+            return px.with_array(fn.hflip(px.array()))
+        return px
+
+
+@_entry
+class RandomVerticalFlip(_Fast, stock_class(_tv, "RandomVerticalFlip")):
+    _pil_alone = False
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if torch.rand(1) < self.p:
+            return px.with_array(fn.vflip(px.array()))
+        return px
+
+
+@_entry
+class Pad(_Fast, stock_class(_tv, "Pad")):
+    _pil_alone = False
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return _kernel(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
+
+
+@_entry
+class RandomRotation(_Fast, stock_class(_tv, "RandomRotation")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        angle = self.get_params(self.degrees)
+        return _pillow(px, F.rotate, angle, self.interpolation, self.expand, self.center, self.fill)
+
+
+@_entry
+class RandomAffine(_Fast, stock_class(_tv, "RandomAffine")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        _, height, width = px.dims()
+        params = self.get_params(self.degrees, self.translate, self.scale, self.shear, [width, height])
+        return _pillow(px, F.affine, *params, interpolation=self.interpolation, fill=self.fill, center=self.center)
+
+
+@_entry
+class GaussianBlur(_Fast, stock_class(_tv, "GaussianBlur")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        sigma = self.get_params(self.sigma[0], self.sigma[1])
+        return _kernel(px, fn.gaussian_blur, F.gaussian_blur, self.kernel_size, [sigma, sigma])
+
+
+# --- colour --------------------------------------------------------------------------------
+
+
+@_entry
+class ColorJitter(_Fast, stock_class(_tv, "ColorJitter")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        order, brightness, contrast, saturation, hue = self.get_params(
+            self.brightness, self.contrast, self.saturation, self.hue
+        )
+        order = [int(i) for i in order]
+        try:
+            return px.with_array(fn.color_jitter(px.array(), order, brightness, contrast, saturation, hue))
+        except NotImplementedError:
+            img = px.pil()
+            ops = {0: (F.adjust_brightness, brightness), 1: (F.adjust_contrast, contrast)}
+            ops.update({2: (F.adjust_saturation, saturation), 3: (F.adjust_hue, hue)})
+            for index in order:
+                op, factor = ops[index]
+                if factor is not None:
+                    img = op(img, factor)
+            return px.with_pil(img)
+
+
+@_entry
+class Grayscale(_Fast, stock_class(_tv, "Grayscale")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return _kernel(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=self.num_output_channels)
+
+
+@_entry
+class RandomGrayscale(_Fast, stock_class(_tv, "RandomGrayscale")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        channels = px.dims()[0]
+        if torch.rand(1) < self.p:
+            return _kernel(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=channels)
+        return px
+
+
+# --- to tensor -----------------------------------------------------------------------------
+
+
+@_entry
+class ToTensor(_Fast, stock_class(_tv, "ToTensor")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if torch.get_default_dtype() != torch.float32:
+            return self._stock_call(px.output())
+        return fn.to_tensor(px.array())
+
+
+@_entry
+class PILToTensor(_Fast, stock_class(_tv, "PILToTensor")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if px.domain != "pil":
+            return self._stock_call(px.output())  # stock raises TypeError for an ndarray
+        return fn.pil_to_tensor(px.array())
+
+
+@_entry
+class Normalize(_Fast, stock_class(_tv, "Normalize")):
+    """Normalize works on tensors only (stock raises TypeError otherwise); after ToTensor in a
+    Compose the two fuse into one pass."""
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return self._stock_call(px.output())
+
+
+def _float32_stats(values, channels: int) -> tuple[float, ...] | None:
+    """Normalize's mean or std as float32 values broadcastable over ``channels``, or None."""
+    try:
+        arr = np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim > 1 or arr.size not in (1, channels):
+        return None
+    return tuple(float(v) for v in arr.reshape(-1))
+
+
+class _ToTensorNormalize:
+    """ToTensor (or PILToTensor + ConvertImageDtype(float32)) then Normalize, fused: one
+    lookup per pixel, bit-identical to the stock steps; the stock steps when anything about
+    the input or the statistics is unusual (so errors are stock's)."""
+
+    def __init__(self, steps: list[Any], normalize: Any) -> None:
+        self.steps = steps
+        self.normalize = normalize
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        channels = px.dims()[0]
+        mean = _float32_stats(self.normalize.mean, channels)
+        std = _float32_stats(self.normalize.std, channels)
+        usable = mean is not None and std is not None and 0.0 not in std
+        usable = usable and torch.get_default_dtype() == torch.float32
+        if usable and isinstance(self.steps[0], PILToTensor):
+            usable = px.domain == "pil"
+        if not usable:
+            value: Any = px
+            for step in [*self.steps, self.normalize]:
+                value = run_step(step, value)
+            return value
+        return fn.to_tensor_normalize(px.array(), mean, std)
+
+
+# --- containers ----------------------------------------------------------------------------
+
+
+@_entry
+class RandomApply(_Fast, stock_class(_tv, "RandomApply")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if self.p < torch.rand(1):
+            return px
+        value: Any = px
+        for step in self.transforms:
+            value = run_step(step, value)
+        return value
+
+
+@_entry
+class RandomOrder(_Fast, stock_class(_tv, "RandomOrder")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        order = list(range(len(self.transforms)))
+        random.shuffle(order)
+        value: Any = px
+        for i in order:
+            value = run_step(self.transforms[i], value)
+        return value
+
+
+@_entry
+class RandomChoice(_Fast, stock_class(_tv, "RandomChoice")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        step = random.choices(self.transforms, weights=self.p)[0]
+        return run_step(step, px)
+
+
+_ConvertImageDtype = stock_class(_tv, "ConvertImageDtype")
+
+
+@_entry
+class Compose(_Fast, stock_class(_tv, "Compose")):
+    """Compose with a plan: see the module docstring."""
+
+    def _plan(self) -> list[Any]:
+        key = tuple(map(id, self.transforms))
+        cached = self.__dict__.get("_nanopatch_plan")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        steps = list(self.transforms)
+        plan: list[Any] = []
+        i = 0
+        while i < len(steps):
+            step = steps[i]
+            if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
+                plan.append(_ToTensorNormalize([step], steps[i + 1]))
+                i += 2
+                continue
+            if (
+                isinstance(step, PILToTensor)
+                and i + 2 < len(steps)
+                and isinstance(steps[i + 1], _ConvertImageDtype)
+                and steps[i + 1].dtype == torch.float32
+                and isinstance(steps[i + 2], Normalize)
+            ):
+                plan.append(_ToTensorNormalize([step, steps[i + 1]], steps[i + 2]))
+                i += 3
+                continue
+            plan.append(step)
+            i += 1
+        self.__dict__["_nanopatch_plan"] = (key, plan)
+        return plan
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        value: Any = px
+        for step in self._plan():
+            value = run_step(step, value)
+        return value
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_nanopatch_plan", None)
+        return state
+
+
+# --- auto-augment policies -----------------------------------------------------------------
+
+
+def _augment_op(px: Pixels, op_name: str, magnitude: float, interpolation, fill) -> Pixels:
+    """torchvision's ``autoaugment._apply_op`` on Pixels: the same functional op with the same
+    arguments, on the ndarray kernels (stock's PIL op when a kernel declines)."""
+    if op_name in ("ShearX", "ShearY", "TranslateX", "TranslateY"):
+        shear = math.degrees(math.atan(magnitude))
+        kwargs = {"angle": 0.0, "translate": [0, 0], "scale": 1.0, "shear": [0.0, 0.0]}
+        kwargs.update(interpolation=interpolation, fill=fill)
+        if op_name == "ShearX":
+            kwargs.update(shear=[shear, 0.0], center=[0, 0])
+        elif op_name == "ShearY":
+            kwargs.update(shear=[0.0, shear], center=[0, 0])
+        elif op_name == "TranslateX":
+            kwargs.update(translate=[int(magnitude), 0])
+        else:
+            kwargs.update(translate=[0, int(magnitude)])
+        return _pillow(px, F.affine, **kwargs)
+    if op_name == "Rotate":
+        return _pillow(px, F.rotate, magnitude, interpolation=interpolation, fill=fill)
+    factor_ops = {
+        "Brightness": (fn.adjust_brightness, F.adjust_brightness),
+        "Color": (fn.adjust_saturation, F.adjust_saturation),
+        "Contrast": (fn.adjust_contrast, F.adjust_contrast),
+        "Sharpness": (fn.adjust_sharpness, F.adjust_sharpness),
+    }
+    if op_name in factor_ops:
+        return _kernel(px, *factor_ops[op_name], 1.0 + magnitude)
+    if op_name == "Posterize":
+        return _kernel(px, fn.posterize, F.posterize, int(magnitude))
+    if op_name == "Solarize":
+        return _kernel(px, fn.solarize, F.solarize, magnitude)
+    plain_ops = {"AutoContrast": (fn.autocontrast, F.autocontrast), "Equalize": (fn.equalize, F.equalize)}
+    plain_ops["Invert"] = (fn.invert, F.invert)
+    if op_name in plain_ops:
+        return _kernel(px, *plain_ops[op_name])
+    if op_name == "Identity":
+        return px
+    raise ValueError(f"The provided operator {op_name} is not recognized.")
+
+
+@_entry
+class AutoAugment(_Fast, stock_class(_tv_autoaugment, "AutoAugment")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        _, height, width = px.dims()
+        transform_id, probs, signs = self.get_params(len(self.policies))
+        op_meta = self._augmentation_space(10, (height, width))
+        for i, (op_name, p, magnitude_id) in enumerate(self.policies[transform_id]):
+            if probs[i] <= p:
+                magnitudes, signed = op_meta[op_name]
+                magnitude = float(magnitudes[magnitude_id].item()) if magnitude_id is not None else 0.0
+                if signed and signs[i] == 0:
+                    magnitude *= -1.0
+                px = _augment_op(px, op_name, magnitude, self.interpolation, self.fill)
+        return px
+
+
+@_entry
+class RandAugment(_Fast, stock_class(_tv_autoaugment, "RandAugment")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        _, height, width = px.dims()
+        op_meta = self._augmentation_space(self.num_magnitude_bins, (height, width))
+        for _ in range(self.num_ops):
+            op_index = int(torch.randint(len(op_meta), (1,)).item())
+            op_name = list(op_meta.keys())[op_index]
+            magnitudes, signed = op_meta[op_name]
+            magnitude = float(magnitudes[self.magnitude].item()) if magnitudes.ndim > 0 else 0.0
+            if signed and torch.randint(2, (1,)):
+                magnitude *= -1.0
+            px = _augment_op(px, op_name, magnitude, self.interpolation, self.fill)
+        return px
+
+
+@_entry
+class TrivialAugmentWide(_Fast, stock_class(_tv_autoaugment, "TrivialAugmentWide")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        op_meta = self._augmentation_space(self.num_magnitude_bins)
+        op_index = int(torch.randint(len(op_meta), (1,)).item())
+        op_name = list(op_meta.keys())[op_index]
+        magnitudes, signed = op_meta[op_name]
+        magnitude = (
+            float(magnitudes[torch.randint(len(magnitudes), (1,), dtype=torch.long)].item())
+            if magnitudes.ndim > 0
+            else 0.0
+        )
+        if signed and torch.randint(2, (1,)):
+            magnitude *= -1.0
+        return _augment_op(px, op_name, magnitude, self.interpolation, self.fill)
