@@ -190,12 +190,27 @@ def vflip(arr: np.ndarray) -> np.ndarray:
 
 
 def pil_to_tensor(arr: np.ndarray):
-    """``F.pil_to_tensor``: uint8 CHW, contiguous."""
+    """``F.pil_to_tensor``: uint8 (C, H, W), a channels-last view of HWC memory as stock's is."""
     import torch
 
-    out = torch.empty((arr.shape[2], arr.shape[0], arr.shape[1]), dtype=torch.uint8)
-    out.numpy()[...] = arr.transpose(2, 0, 1)
-    return out
+    out = torch.empty(arr.shape, dtype=torch.uint8)
+    out.numpy()[...] = arr
+    return out.permute(2, 0, 1)
+
+
+def lookup(arr: np.ndarray, table: np.ndarray):
+    """A float32 tensor (C, H, W) laid out channels-last (HWC memory), ``table[c][arr[..., c]]``;
+    ``table`` is (C, 256) float32."""
+    import torch
+
+    channels = arr.shape[2]
+    if arr.size == 0:
+        return torch.empty(arr.shape, dtype=torch.float32).permute(2, 0, 1)
+    lut = np.ascontiguousarray(table.T).reshape(1, 256, channels)
+    out = cv2().LUT(contiguous(arr), lut)
+    if out.ndim == 2:
+        out = out[:, :, None]
+    return torch.from_numpy(out).permute(2, 0, 1)
 
 
 @functools.lru_cache(maxsize=64)

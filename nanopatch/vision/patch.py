@@ -4,6 +4,7 @@ is imported (or at once if it already is) and undone exactly by the engine's jou
 from __future__ import annotations
 
 from .. import _patching
+from .._log import log_once
 
 #: torchvision versions this target is written against (its loader, dataset and transform internals).
 SUPPORTED = {"torchvision": ">=0.15"}
@@ -36,6 +37,23 @@ def patch(config) -> None:
     for name in transforms.__all__:
         ours = getattr(transforms, name)
         _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+
+    import torchvision.transforms.v2 as v2
+
+    if not hasattr(v2.Transform, "make_params"):  # torchvision < 0.21 names it _get_params
+        log_once("transforms-v2", "torchvision %s: transforms.v2 left stock", torchvision_version())
+        return
+    from . import transforms_v2
+
+    for name in transforms_v2.__all__:
+        ours = getattr(transforms_v2, name)
+        _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+
+
+def torchvision_version() -> str:
+    import torchvision
+
+    return torchvision.__version__
 
 
 def unpatch() -> None:

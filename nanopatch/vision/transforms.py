@@ -153,7 +153,7 @@ setattr(_Fast, ACCEPTS_ENCODED, True)
 
 def _entry(cls):
     """Route calls of ``cls`` (a nn.Module's ``forward`` or a plain class's ``__call__``)."""
-    stock = cls.__mro__[2]
+    stock = next(base for base in cls.__mro__[1:] if not base.__module__.startswith("nanopatch."))
     cls._nanopatch_stock = stock
     if issubclass(stock, torch.nn.Module):
         cls.forward = _Fast._nanopatch_call
@@ -215,22 +215,28 @@ def _scaled_box(top, left, height, width, sy, sx, shape) -> tuple[int, int, int,
     return y0, x0, max(min(y1, shape[0]) - y0, 1), max(min(x1, shape[1]) - x0, 1)
 
 
+def resized_crop_pixels(px: Pixels, top: int, left: int, height: int, width: int, size, interpolation) -> Pixels:
+    """Crop a box given in full-resolution coordinates and resize it to ``size`` (h, w); an
+    undecoded JPEG is decoded DCT-scaled as far as keeps the box at least ``size``."""
+    out_h, out_w = size
+    _, full_h, full_w = px.dims()
+    need = (math.ceil(out_h * full_h / max(height, 1)), math.ceil(out_w * full_w / max(width, 1)))
+    arr, sy, sx = _scaled_decode(px, need)
+    if (sy, sx) != (1.0, 1.0):
+        top, left, height, width = _scaled_box(top, left, height, width, sy, sx, arr.shape)
+    try:
+        return px.with_array(fn.resized_crop(arr, top, left, height, width, [out_h, out_w], interpolation))
+    except NotImplementedError:
+        img = px.pil() if (sy, sx) == (1.0, 1.0) else fn.to_pil(arr)
+        return px.with_pil(F.resized_crop(img, top, left, height, width, list(size), interpolation))
+
+
 @_entry
 class RandomResizedCrop(_Fast, stock_class(_tv, "RandomResizedCrop")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         # parameters in full-resolution coordinates: the same crop whatever scale decodes
         top, left, height, width = self.get_params(px.proxy(), self.scale, self.ratio)
-        out_h, out_w = self.size
-        _, full_h, full_w = px.dims()
-        need = (math.ceil(out_h * full_h / max(height, 1)), math.ceil(out_w * full_w / max(width, 1)))
-        arr, sy, sx = _scaled_decode(px, need)
-        if (sy, sx) != (1.0, 1.0):
-            top, left, height, width = _scaled_box(top, left, height, width, sy, sx, arr.shape)
-        try:
-            return px.with_array(fn.resized_crop(arr, top, left, height, width, [out_h, out_w], self.interpolation))
-        except NotImplementedError:
-            img = px.pil() if (sy, sx) == (1.0, 1.0) else fn.to_pil(arr)
-            return px.with_pil(F.resized_crop(img, top, left, height, width, self.size, self.interpolation))
+        return resized_crop_pixels(px, top, left, height, width, self.size, self.interpolation)
 
 
 @_entry
@@ -436,9 +442,14 @@ class RandomChoice(_Fast, stock_class(_tv, "RandomChoice")):
 _ConvertImageDtype = stock_class(_tv, "ConvertImageDtype")
 
 
-@_entry
-class Compose(_Fast, stock_class(_tv, "Compose")):
-    """Compose with a plan: see the module docstring."""
+class Planned:
+    """A Compose that plans its steps once (again only when its list of steps changes): the
+    subclass's ``_fuse(steps, i)`` says how many steps from ``i`` fuse into one, and into what."""
+
+    transforms: Any
+
+    def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:  # pragma: no cover - overridden
+        return None
 
     def _plan(self) -> list[Any]:
         key = tuple(map(id, self.transforms))
@@ -449,23 +460,13 @@ class Compose(_Fast, stock_class(_tv, "Compose")):
         plan: list[Any] = []
         i = 0
         while i < len(steps):
-            step = steps[i]
-            if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
-                plan.append(_ToTensorNormalize([step], steps[i + 1]))
-                i += 2
-                continue
-            if (
-                isinstance(step, PILToTensor)
-                and i + 2 < len(steps)
-                and isinstance(steps[i + 1], _ConvertImageDtype)
-                and steps[i + 1].dtype == torch.float32
-                and isinstance(steps[i + 2], Normalize)
-            ):
-                plan.append(_ToTensorNormalize([step, steps[i + 1]], steps[i + 2]))
-                i += 3
-                continue
-            plan.append(step)
-            i += 1
+            fused = self._fuse(steps, i)
+            if fused is None:
+                plan.append(steps[i])
+                i += 1
+            else:
+                plan.append(fused[0])
+                i += fused[1]
         self.__dict__["_nanopatch_plan"] = (key, plan)
         return plan
 
@@ -477,8 +478,27 @@ class Compose(_Fast, stock_class(_tv, "Compose")):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_nanopatch_plan", None)
+        state.pop("_nanopatch_plan", None)  # rebuilt on first use
         return state
+
+
+@_entry
+class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
+    """Compose with a plan: see the module docstring."""
+
+    def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
+        step = steps[i]
+        if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
+            return _ToTensorNormalize([step], steps[i + 1]), 2
+        if (
+            isinstance(step, PILToTensor)
+            and i + 2 < len(steps)
+            and isinstance(steps[i + 1], _ConvertImageDtype)
+            and steps[i + 1].dtype == torch.float32
+            and isinstance(steps[i + 2], Normalize)
+        ):
+            return _ToTensorNormalize([step, steps[i + 1]], steps[i + 2]), 3
+        return None
 
 
 # --- auto-augment policies -----------------------------------------------------------------
