@@ -45,6 +45,18 @@ def pipelines() -> dict[str, v2.Compose]:
         "uint8": v2.Compose([v2.CenterCrop(100), v2.ToImage()]),
         "jitter-alone": v2.Compose([v2.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.ToImage()]),
         "lambda": v2.Compose([v2.Resize(50), v2.Lambda(lambda img: img.rotate(90)), v2.ToImage()]),
+        "crop-pad-blur": v2.Compose(
+            [
+                v2.RandomCrop(40, padding=[3, 5], pad_if_needed=True, fill=17, padding_mode="constant"),
+                v2.Pad([2, 4, 6, 1], padding_mode="reflect"),
+                v2.RandomApply([v2.GaussianBlur(5, sigma=(0.5, 2.0))], p=0.7),
+                v2.RandomChoice([v2.RandomCrop(30, padding_mode="edge", pad_if_needed=True), v2.CenterCrop(28)]),
+                v2.RandomOrder(
+                    [v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), v2.Pad(1, padding_mode="symmetric")]
+                ),
+                v2.ToImage(),
+            ]
+        ),
     }
 
 

@@ -18,10 +18,12 @@ import warnings
 from typing import Any
 
 import numpy as np
+import PIL.Image
 import torch
 import torchvision.transforms.v2 as _v2
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F2
+from torchvision.transforms.v2._utils import _get_fill
 from torchvision.transforms.v2.functional import _geometry as _F2_geometry
 
 from . import functional as fn
@@ -33,11 +35,17 @@ __all__ = [
     "CenterCrop",
     "ColorJitter",
     "Compose",
+    "GaussianBlur",
     "Grayscale",
     "Normalize",
     "PILToTensor",
+    "Pad",
+    "RandomApply",
+    "RandomChoice",
+    "RandomCrop",
     "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomOrder",
     "RandomResizedCrop",
     "RandomVerticalFlip",
     "Resize",
@@ -150,6 +158,70 @@ class ColorJitter(_FastV2, stock_class(_v2, "ColorJitter")):
                 if factors[index] is not None:
                     img = ops[index](img, factors[index])
             return px.with_pil(img)
+
+
+def _pad(px: Pixels, transform, padding) -> Pixels:
+    fill = _get_fill(transform._fill, PIL.Image.Image)
+    try:
+        return px.with_array(fn.pad(px.array(), padding, fill, transform.padding_mode))
+    except NotImplementedError:
+        return px.with_pil(F2.pad(px.pil(), padding=padding, fill=fill, padding_mode=transform.padding_mode))
+
+
+@_entry
+class Pad(_FastV2, stock_class(_v2, "Pad")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return _pad(px, self, self.padding)
+
+
+@_entry
+class RandomCrop(_FastV2, stock_class(_v2, "RandomCrop")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        params = self.make_params([px.proxy()])
+        if params["needs_pad"]:
+            px = _pad(px, self, params["padding"])
+        if params["needs_crop"]:
+            box = params["top"], params["left"], params["height"], params["width"]
+            px = px.with_array(fn.crop(px.array(), *box))
+        return px
+
+
+@_entry
+class GaussianBlur(_FastV2, stock_class(_v2, "GaussianBlur")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        sigma = self.make_params([px.proxy()])["sigma"]
+        try:
+            return px.with_array(fn.gaussian_blur(px.array(), self.kernel_size, sigma))
+        except NotImplementedError:
+            return px.with_pil(F2.gaussian_blur(px.pil(), self.kernel_size, sigma))
+
+
+def _run_all(steps, px: Pixels) -> Any:
+    value: Any = px
+    for step in steps:
+        value = run_step(step, value)
+    return value
+
+
+@_entry
+class RandomApply(_FastV2, stock_class(_v2, "RandomApply")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if torch.rand(1) >= self.p:
+            return px
+        return _run_all(self.transforms, px)
+
+
+@_entry
+class RandomChoice(_FastV2, stock_class(_v2, "RandomChoice")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        idx = int(torch.multinomial(torch.tensor(self.p), 1))
+        return run_step(self.transforms[idx], px)
+
+
+@_entry
+class RandomOrder(_FastV2, stock_class(_v2, "RandomOrder")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        return _run_all([self.transforms[i] for i in torch.randperm(len(self.transforms))], px)
 
 
 def _grayscale(px: Pixels, channels: int) -> Pixels:
