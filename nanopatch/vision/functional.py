@@ -7,9 +7,9 @@ image); the input is never written to. The reference for each kernel is what
 ``torchvision.transforms.functional`` returns on the same pixels as a PIL image, which is the
 path stock torchvision takes for ImageFolder-style data:
 
-* bilinear resize runs torch's uint8 antialiased kernel one axis at a time, in the order Pillow
-  resamples the axes, so rounding happens where Pillow's does: within 1 grey level of Pillow
-  (usually equal); other filters run on Pillow itself, bit-exact;
+* bilinear resize runs its first pass on torch's uint8 antialiased kernel and its second on
+  Pillow, in the order Pillow resamples the axes: within 1 grey level of Pillow (see
+  ``_bilinear``); other filters run on Pillow itself, bit-exact;
 * nearest resize reproduces Pillow's accumulated source coordinates, bit-exact;
 * crops and flips are exact; the fused ``to_tensor_normalize`` is bit-identical to ToTensor
   followed by Normalize (a per-channel float32 lookup table computed with stock's arithmetic);
@@ -85,31 +85,41 @@ def _pillow_picks_order() -> bool:
     return bool(np.array_equal(direct, rows_first) and not np.array_equal(direct, columns_first))
 
 
-def _torch_resize(arr: np.ndarray, size: tuple[int, int], *, vertical_first: bool) -> np.ndarray:
+def _torch_pass(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """One axis of a bilinear antialiased resize by torch's uint8 kernel (``size`` differs from
+    ``arr``'s in one axis only, so the kernel runs one pass): HWC-contiguous uint8 out."""
     import torch
     import torch.nn.functional as tf
 
     if not (arr.flags.c_contiguous and arr.flags.writeable):
         arr = arr.copy()  # torch warns about read-only arrays (it only reads this one)
     t = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)  # 1CHW view, channels-last memory
-    out_h, out_w = size
-
-    def rows(t):
-        if t.shape[2] == out_h:
-            return t
-        return tf.interpolate(t, size=(out_h, t.shape[3]), mode="bilinear", antialias=True, align_corners=False)
-
-    def columns(t):
-        if t.shape[3] == out_w:
-            return t
-        return tf.interpolate(t, size=(t.shape[2], out_w), mode="bilinear", antialias=True, align_corners=False)
-
-    t = columns(rows(t)) if vertical_first else rows(columns(t))
+    t = tf.interpolate(t, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
     if t.shape[1] > 1 and not t.is_contiguous(memory_format=torch.channels_last):
         # the kernel returns planar (NCHW) memory: interleave the planes again (cv2.merge is
         # ~30x faster than a numpy transpose copy), so later steps get HWC-contiguous pixels
         return cv2().merge(list(t[0].numpy()))
     return t[0].permute(1, 2, 0).numpy()
+
+
+def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Pillow's bilinear resize within one grey level, faster than Pillow.
+
+    Pillow resamples one axis, rounds to uint8, then the other. torch's uint8 kernel computes
+    each pass within one level of Pillow's (it uses 16-bit weights where Pillow uses 22-bit
+    ones), but two such passes can add up to two levels. So torch does the first (larger) pass
+    and Pillow the second: an exact pass with non-negative weights moves a one-level error in
+    its input by at most one level, and rounding is monotone, so the result stays within one.
+    """
+    in_h, in_w = arr.shape[:2]
+    out_h, out_w = size
+    if out_h == in_h or out_w == in_w:
+        return _torch_pass(arr, size)  # a single pass
+    if _vertical_first((in_h, in_w), size):
+        mid = _torch_pass(arr, (out_h, in_w))
+    else:
+        mid = _torch_pass(arr, (in_h, out_w))
+    return from_pil(to_pil(mid).resize((out_w, out_h), _PIL_FILTERS[BILINEAR]))
 
 
 def _nearest_positions(in_len: int, out_len: int) -> np.ndarray:
@@ -130,10 +140,13 @@ def resize(arr: np.ndarray, size: Sequence[int], interpolation=BILINEAR) -> np.n
     in_h, in_w = arr.shape[:2]
     if (out_h, out_w) == (in_h, in_w):
         return arr
+    if in_h == 0 or in_w == 0:
+        raise NotImplementedError("resize of an empty image")  # Pillow has its own answer
     if mode == NEAREST:
         return arr[_nearest_positions(in_h, out_h)][:, _nearest_positions(in_w, out_w)]
-    if mode == BILINEAR and arr.shape[2] == 3:
-        return _torch_resize(arr, (out_h, out_w), vertical_first=_vertical_first((in_h, in_w), (out_h, out_w)))
+    if mode == BILINEAR and arr.shape[2] == 3 and min(in_h, in_w, out_h, out_w) > 1:
+        # (torch's kernel trips an internal assert on some 1-pixel-wide shapes: Pillow does those)
+        return _bilinear(arr, (out_h, out_w))
     return from_pil(to_pil(arr).resize((out_w, out_h), _PIL_FILTERS[mode]))
 
 

@@ -155,6 +155,7 @@ def _entry(cls):
     """Route calls of ``cls`` (a nn.Module's ``forward`` or a plain class's ``__call__``)."""
     stock = next(base for base in cls.__mro__[1:] if not base.__module__.startswith("nanopatch."))
     cls._nanopatch_stock = stock
+    cls.__doc__ = stock.__doc__  # help() shows torchvision's documentation
     if issubclass(stock, torch.nn.Module):
         cls.forward = _Fast._nanopatch_call
     else:
@@ -188,15 +189,18 @@ class Resize(_Fast, stock_class(_tv, "Resize")):
         out = F._compute_resized_output_size((height, width), requested, self.max_size)
         if [height, width] == out:
             return px
+        if fn._mode_value(self.interpolation) not in fn._PIL_FILTERS:
+            return px.with_pil(self._stock_call(px.pil()))
+        arr, _, _ = _scaled_decode(px, tuple(out))
+        try:
+            resized = fn.resize(arr, out, self.interpolation)
+        except NotImplementedError:  # a size Pillow refuses: stock's error (and warnings)
+            return px.with_pil(self._stock_call(px.pil()))
         if self.antialias is False and px.domain == "pil":
             warnings.warn(
                 "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
             )
-        interpolation = self.interpolation
-        if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
-            return px.with_pil(self._stock_call(px.pil()))
-        arr, _, _ = _scaled_decode(px, tuple(out))
-        return px.with_array(fn.resize(arr, out, interpolation))
+        return px.with_array(resized)
 
 
 @_entry
@@ -364,8 +368,8 @@ class PILToTensor(_Fast, stock_class(_tv, "PILToTensor")):
 
 @_entry
 class Normalize(_Fast, stock_class(_tv, "Normalize")):
-    """Normalize works on tensors only (stock raises TypeError otherwise); after ToTensor in a
-    Compose the two fuse into one pass."""
+    # Normalize works on tensors only (stock raises TypeError otherwise); after ToTensor in a
+    # Compose the two fuse into one pass.
 
     def _nanopatch_run(self, px: Pixels) -> Any:
         return self._stock_call(px.output())
@@ -484,7 +488,7 @@ class Planned:
 
 @_entry
 class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
-    """Compose with a plan: see the module docstring."""
+    # Compose with a plan: see the module docstring.
 
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
         step = steps[i]

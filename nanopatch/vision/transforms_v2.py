@@ -86,6 +86,7 @@ setattr(_FastV2, ACCEPTS_ENCODED, True)
 
 def _entry(cls):
     cls._nanopatch_stock = next(base for base in cls.__mro__[1:] if not base.__module__.startswith("nanopatch."))
+    cls.__doc__ = cls._nanopatch_stock.__doc__
     return cls
 
 
@@ -100,16 +101,20 @@ class Resize(_FastV2, stock_class(_v2, "Resize")):
         _, height, width = px.dims()
         out = _F2_geometry._compute_resized_output_size((height, width), size=self.size, max_size=self.max_size)
         interpolation = _F2_geometry._check_interpolation(self.interpolation)
-        if self.antialias is False:
+        if (out[0], out[1]) != (height, width):
+            if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
+                return px.with_pil(self._stock_step(px))
+            arr, _, _ = _scaled_decode(px, (out[0], out[1]))
+            try:
+                resized = fn.resize(arr, out, interpolation)
+            except NotImplementedError:  # a size Pillow refuses: stock's error (and warnings)
+                return px.with_pil(self._stock_step(px))
+            px = px.with_array(resized)
+        if self.antialias is False:  # v2 warns for PIL input even when the size is unchanged
             warnings.warn(
                 "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
             )
-        if (out[0], out[1]) == (height, width):
-            return px
-        if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
-            return px.with_pil(self._stock_step(px))
-        arr, _, _ = _scaled_decode(px, (out[0], out[1]))
-        return px.with_array(fn.resize(arr, out, interpolation))
+        return px
 
 
 @_entry
