@@ -195,7 +195,7 @@ def test_torch_jit_script_as_stock(name, patched):
     assert torch.equal(a.value, b.value)
 
 
-def test_the_transforms_the_brief_names_do_script(patched):
+def test_common_transforms_script_and_match_eager(patched):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         for ours in [T.Resize([32]), T.CenterCrop(20), T.Normalize([0.5] * 3, [0.2] * 3), T.RandomHorizontalFlip()]:
@@ -241,9 +241,9 @@ def test_random_resized_crop_with_scale_upside_down_warns_as_stock(patched):
 
 @pytest.mark.parametrize("size", [-1, 0, (0, 3), (-5, 10)])
 def test_resize_to_a_size_below_one_raises_stocks_value_error(size, patched):
-    """Pinned: stock's constructor accepts these, its call on a PIL image raises ValueError
-    ("height and width must be > 0", from Pillow); nanopatch's kernel declines a non-positive
-    size with NotImplementedError, which Resize lets escape instead of falling back to stock."""
+    """Stock's constructor accepts these, its call on a PIL image raises ValueError ("height and
+    width must be > 0", from Pillow). (Regression: nanopatch's kernel declined a non-positive size
+    with NotImplementedError, which Resize let escape.)"""
     img = rgb()
     for value, reference in [(img, None), (np.asarray(img), img)]:
         assert_same_failure(R("Resize", size), value, ValueError, reference)
@@ -252,9 +252,9 @@ def test_resize_to_a_size_below_one_raises_stocks_value_error(size, patched):
 
 @pytest.mark.parametrize("mode", tc.ALL_MODES, ids=lambda m: m.name)
 def test_resize_without_antialias_warns_as_often_as_stock(mode, patched):
-    """Pinned (NEAREST_EXACT): stock warns once that antialias=False is ignored for a PIL image;
-    nanopatch's Resize warns, then hands an interpolation its kernel lacks to stock's code,
-    which warns again."""
+    """Stock warns once that antialias=False is ignored for a PIL image. (Regression, with
+    NEAREST_EXACT: nanopatch's Resize warned, then handed the interpolation its kernel lacks to
+    stock's code, which warned again.)"""
     img = rgb(262, 339)
     for recipe in [
         R("Resize", 64, interpolation=mode, antialias=False),

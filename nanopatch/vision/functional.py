@@ -192,7 +192,10 @@ def resized_crop(arr, top, left, height, width, size, interpolation=BILINEAR) ->
 
 
 def hflip(arr: np.ndarray) -> np.ndarray:
-    return cv2().flip(contiguous(arr), 1)[:, :, None] if arr.shape[2] == 1 else cv2().flip(contiguous(arr), 1)
+    if arr.size == 0:
+        return arr[:, ::-1].copy()  # cv2.flip returns None for an empty image
+    flipped = cv2().flip(contiguous(arr), 1)
+    return flipped[:, :, None] if flipped.ndim == 2 else flipped
 
 
 def vflip(arr: np.ndarray) -> np.ndarray:
