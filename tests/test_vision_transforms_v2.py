@@ -192,3 +192,15 @@ def test_image_folder_hands_v2_pipelines_the_file(patched, tmp_path):
     ours.transform = probe
     ours[0]
     assert seen == [Image.Image] or issubclass(seen[0], Image.Image)  # a Lambda sees what stock passes
+
+
+def test_fused_table_follows_changed_normalize_settings(patched):
+    img = photo(12, 10, seed=9)
+    norm = v2.Normalize(MEAN, STD)
+    ours = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), norm])
+    with nanopatch.unpatched():
+        stock_norm = v2.Normalize(MEAN, STD)
+        stock = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), stock_norm])
+    assert torch.equal(ours(img), stock(img))
+    norm.mean = stock_norm.mean = [0.1, 0.2, 0.3]  # changed after first use: a new table
+    assert torch.equal(ours(img), stock(img))

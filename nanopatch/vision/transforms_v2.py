@@ -281,10 +281,14 @@ class _FusedToFloat:
 
     def __init__(self, steps: list[Any]) -> None:
         self.steps = steps
-        self._tables: dict[int, np.ndarray] = {}
+        self._tables: dict[tuple, np.ndarray] = {}
 
     def _table(self, channels: int) -> np.ndarray | None:
-        table = self._tables.get(channels)
+        # keyed by the steps' settings too, so a user who changes them later gets a new table
+        names = ("dtype", "scale", "mean", "std")
+        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in names)
+        key = (channels, settings)
+        table = self._tables.get(key)
         if table is None:
             levels = torch.arange(256, dtype=torch.uint8).expand(channels, 1, 256)
             value: Any = tv_tensors.Image(levels.clone())
@@ -296,7 +300,7 @@ class _FusedToFloat:
             if tuple(value.shape) != (channels, 1, 256) or value.dtype != torch.float32:
                 return None  # stock broadcasts (3 means on 1 channel) or converts otherwise: unfused
             table = value.reshape(channels, 256).numpy().astype(np.float32, copy=True)
-            self._tables[channels] = table
+            self._tables[key] = table
         return table
 
     def _nanopatch_run(self, px: Pixels) -> Any:
