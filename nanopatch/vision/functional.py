@@ -126,9 +126,7 @@ def _nearest_positions(in_len: int, out_len: int) -> np.ndarray:
     """Pillow's nearest-neighbour source index per output pixel: a double that starts at half a
     step and grows by the step, truncated (accumulated in the same order as Pillow's loop)."""
     step = in_len / out_len
-    steps = np.full(out_len, step, dtype=np.float64)
-    steps[0] = step * 0.5
-    return np.minimum(np.add.accumulate(steps).astype(np.int64), in_len - 1)
+    return np.minimum(_accumulate(step * 0.5, step, out_len).astype(np.int64), in_len - 1)
 
 
 def resize(arr: np.ndarray, size: Sequence[int], interpolation=BILINEAR) -> np.ndarray:
@@ -214,19 +212,27 @@ def pil_to_tensor(arr: np.ndarray):
     return out.permute(2, 0, 1)
 
 
-def lookup(arr: np.ndarray, table: np.ndarray):
-    """A float32 tensor (C, H, W) laid out channels-last (HWC memory), ``table[c][arr[..., c]]``;
-    ``table`` is (C, 256) float32."""
+def lookup(arr: np.ndarray, table: np.ndarray, *, channels_last: bool = False):
+    """A float32 tensor (C, H, W) holding ``table[c][arr[..., c]]`` (``table`` is (C, 256)
+    float32): C-contiguous as ToTensor's is, or with ``channels_last`` a view of HWC memory as
+    stock's ``pil_to_tensor`` + float conversion (or v2's ``ToImage`` + ``ToDtype``) leaves it."""
     import torch
 
-    channels = arr.shape[2]
+    in_h, in_w, channels = arr.shape
     if arr.size == 0:
-        return torch.empty(arr.shape, dtype=torch.float32).permute(2, 0, 1)
-    lut = np.ascontiguousarray(table.T).reshape(1, 256, channels)
-    out = cv2().LUT(contiguous(arr), lut)
-    if out.ndim == 2:
-        out = out[:, :, None]
-    return torch.from_numpy(out).permute(2, 0, 1)
+        empty = torch.empty(arr.shape, dtype=torch.float32)
+        return empty.permute(2, 0, 1) if channels_last else empty.permute(2, 0, 1).contiguous()
+    if channels_last:
+        out = cv2().LUT(contiguous(arr), np.ascontiguousarray(table.T).reshape(1, 256, channels))
+        return torch.from_numpy(out[:, :, None] if out.ndim == 2 else out).permute(2, 0, 1)
+    out = torch.empty((channels, in_h, in_w), dtype=torch.float32)
+    planes = out.numpy()
+    if channels == 1:
+        cv2().LUT(contiguous(arr[:, :, 0]), table[0], dst=planes[0])
+    else:  # one LUT per plane, written straight into the CHW planes
+        for c, plane in enumerate(cv2().split(contiguous(arr))):
+            cv2().LUT(plane, table[c], dst=planes[c])
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -247,25 +253,12 @@ def to_tensor_normalize(arr: np.ndarray, mean: Sequence[float] | None = None, st
     """ToTensor (uint8 HWC -> float32 CHW in [0, 1]), then Normalize when ``mean`` and ``std``
     are given, in one pass; bit-identical to the two stock steps. ``mean``/``std`` must have 1
     or C entries (as Normalize broadcasts them)."""
-    import torch
-
-    in_h, in_w, channels = arr.shape
+    channels = arr.shape[2]
     key_mean = None if mean is None else tuple(float(v) for v in mean)
     key_std = None if std is None else tuple(float(v) for v in std)
     if key_mean is not None and (len(key_mean) not in (1, channels) or len(key_std) not in (1, channels)):
         raise NotImplementedError("mean/std do not broadcast over the channels")
-    table = _lookup_table(channels, key_mean, key_std)
-    out = torch.empty((channels, in_h, in_w), dtype=torch.float32)
-    if out.numel() == 0:
-        return out
-    planes = out.numpy()
-    lut = cv2().LUT
-    if channels == 1:
-        lut(contiguous(arr[:, :, 0]), table[0], dst=planes[0])
-    else:
-        for c, plane in enumerate(cv2().split(contiguous(arr))):
-            lut(plane, table[c], dst=planes[c])
-    return out
+    return lookup(arr, _lookup_table(channels, key_mean, key_std))
 
 
 def to_tensor(arr: np.ndarray):
@@ -290,7 +283,7 @@ from ._color import (  # noqa: E402
     rgb_to_grayscale,
     solarize,
 )
-from ._geometry import affine, gaussian_blur, pad, rotate  # noqa: E402
+from ._geometry import _accumulate, affine, gaussian_blur, pad, rotate  # noqa: E402
 
 __all__ = [
     "adjust_brightness",

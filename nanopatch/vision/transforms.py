@@ -32,6 +32,7 @@ import torchvision.transforms.functional as F
 from torchvision.transforms import autoaugment as _tv_autoaugment
 from torchvision.transforms import transforms as _tv
 
+from .. import _patching, config
 from . import functional as fn
 from ._pixels import Pixels
 from .datasets import ACCEPTS_ENCODED
@@ -71,8 +72,6 @@ def stock_class(module, name: str) -> type:
 
 def fast_decode_enabled() -> bool:
     """The ``fast_decode`` option in force (the environment's, in a process never patched)."""
-    from .. import _patching, config
-
     active = _patching._active
     if active is not None:
         return active.fast_decode
@@ -93,6 +92,13 @@ def run_step(step: Any, value: Any) -> Any:
     return step(value)
 
 
+def run_steps(steps, value: Any) -> Any:
+    """Steps one after the other on the value so far."""
+    for step in steps:
+        value = run_step(step, value)
+    return value
+
+
 def finish(value: Any, original: Any) -> Any:
     """What the caller gets: the stock type, never a view into the caller's own ndarray."""
     if not isinstance(value, Pixels):
@@ -110,7 +116,7 @@ def _pillow(px: Pixels, stock_op, *args, **kwargs) -> Pixels:
     return px.with_pil(stock_op(px.pil(), *args, **kwargs))
 
 
-def _kernel(px: Pixels, kernel, stock_op, *args, **kwargs) -> Pixels:
+def on_array(px: Pixels, kernel, stock_op, *args, **kwargs) -> Pixels:
     """``kernel(array, *args)`` on the pixels, or stock's PIL op when the kernel declines."""
     try:
         return px.with_array(kernel(px.array(), *args, **kwargs))
@@ -151,12 +157,18 @@ class _Fast:
 setattr(_Fast, ACCEPTS_ENCODED, True)
 
 
-def _entry(cls):
-    """Route calls of ``cls`` (a nn.Module's ``forward`` or a plain class's ``__call__``)."""
+def bind_stock(cls) -> type:
+    """Record the torchvision class ``cls`` stands in for (its first non-nanopatch base) and
+    give ``cls`` its documentation, so help() shows torchvision's."""
     stock = next(base for base in cls.__mro__[1:] if not base.__module__.startswith("nanopatch."))
     cls._nanopatch_stock = stock
-    cls.__doc__ = stock.__doc__  # help() shows torchvision's documentation
-    if issubclass(stock, torch.nn.Module):
+    cls.__doc__ = stock.__doc__
+    return stock
+
+
+def _entry(cls):
+    """Route calls of ``cls`` (a nn.Module's ``forward`` or a plain class's ``__call__``)."""
+    if issubclass(bind_stock(cls), torch.nn.Module):
         cls.forward = _Fast._nanopatch_call
     else:
         cls.__call__ = _Fast._nanopatch_call
@@ -166,7 +178,7 @@ def _entry(cls):
 # --- geometry ------------------------------------------------------------------------------
 
 
-def _scaled_decode(px: Pixels, need_hw: tuple[int, int]) -> tuple[np.ndarray, float, float]:
+def scaled_decode(px: Pixels, need_hw: tuple[int, int]) -> tuple[np.ndarray, float, float]:
     """The pixels, DCT-scaled down as far as keeps the whole image at least ``need_hw`` when
     the file is still encoded and fast decode is on; with the (y, x) scale of what came back."""
     if not px.encoded or not fast_decode_enabled():
@@ -174,6 +186,25 @@ def _scaled_decode(px: Pixels, need_hw: tuple[int, int]) -> tuple[np.ndarray, fl
     _, full_h, full_w = px.dims()
     arr = px.array(min_size=need_hw)
     return arr, arr.shape[0] / full_h, arr.shape[1] / full_w
+
+
+def resize_pixels(px: Pixels, out, interpolation) -> Pixels | None:
+    """``px`` resized to ``out`` (h, w), an undecoded JPEG decoded DCT-scaled when allowed;
+    None when stock must do it (a filter or a size nanopatch does not reproduce)."""
+    if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
+        return None
+    arr, _, _ = scaled_decode(px, (out[0], out[1]))
+    try:
+        return px.with_array(fn.resize(arr, out, interpolation))
+    except NotImplementedError:
+        return None
+
+
+def warn_antialias_ignored() -> None:
+    """torchvision's warning for ``antialias=False`` on a PIL image."""
+    warnings.warn(
+        "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=3
+    )
 
 
 @_entry
@@ -189,18 +220,12 @@ class Resize(_Fast, stock_class(_tv, "Resize")):
         out = F._compute_resized_output_size((height, width), requested, self.max_size)
         if [height, width] == out:
             return px
-        if fn._mode_value(self.interpolation) not in fn._PIL_FILTERS:
-            return px.with_pil(self._stock_call(px.pil()))
-        arr, _, _ = _scaled_decode(px, tuple(out))
-        try:
-            resized = fn.resize(arr, out, self.interpolation)
-        except NotImplementedError:  # a size Pillow refuses: stock's error (and warnings)
+        resized = resize_pixels(px, out, self.interpolation)
+        if resized is None:  # stock's pixels, errors and warnings
             return px.with_pil(self._stock_call(px.pil()))
         if self.antialias is False and px.domain == "pil":
-            warnings.warn(
-                "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
-            )
-        return px.with_array(resized)
+            warn_antialias_ignored()
+        return resized
 
 
 @_entry
@@ -225,7 +250,7 @@ def resized_crop_pixels(px: Pixels, top: int, left: int, height: int, width: int
     out_h, out_w = size
     _, full_h, full_w = px.dims()
     need = (math.ceil(out_h * full_h / max(height, 1)), math.ceil(out_w * full_w / max(width, 1)))
-    arr, sy, sx = _scaled_decode(px, need)
+    arr, sy, sx = scaled_decode(px, need)
     if (sy, sx) != (1.0, 1.0):
         top, left, height, width = _scaled_box(top, left, height, width, sy, sx, arr.shape)
     try:
@@ -249,12 +274,12 @@ class RandomCrop(_Fast, stock_class(_tv, "RandomCrop")):
 
     def _nanopatch_run(self, px: Pixels) -> Any:
         if self.padding is not None:
-            px = _kernel(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
+            px = on_array(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
         _, height, width = px.dims()
         if self.pad_if_needed and width < self.size[1]:
-            px = _kernel(px, fn.pad, F.pad, [self.size[1] - width, 0], self.fill, self.padding_mode)
+            px = on_array(px, fn.pad, F.pad, [self.size[1] - width, 0], self.fill, self.padding_mode)
         if self.pad_if_needed and height < self.size[0]:
-            px = _kernel(px, fn.pad, F.pad, [0, self.size[0] - height], self.fill, self.padding_mode)
+            px = on_array(px, fn.pad, F.pad, [0, self.size[0] - height], self.fill, self.padding_mode)
         top, left, h, w = self.get_params(px.proxy(), self.size)
         return px.with_array(fn.crop(px.array(), top, left, h, w))
 
@@ -284,7 +309,7 @@ class Pad(_Fast, stock_class(_tv, "Pad")):
     _pil_alone = False
 
     def _nanopatch_run(self, px: Pixels) -> Any:
-        return _kernel(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
+        return on_array(px, fn.pad, F.pad, self.padding, self.fill, self.padding_mode)
 
 
 @_entry
@@ -306,7 +331,7 @@ class RandomAffine(_Fast, stock_class(_tv, "RandomAffine")):
 class GaussianBlur(_Fast, stock_class(_tv, "GaussianBlur")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         sigma = self.get_params(self.sigma[0], self.sigma[1])
-        return _kernel(px, fn.gaussian_blur, F.gaussian_blur, self.kernel_size, [sigma, sigma])
+        return on_array(px, fn.gaussian_blur, F.gaussian_blur, self.kernel_size, [sigma, sigma])
 
 
 # --- colour --------------------------------------------------------------------------------
@@ -318,24 +343,28 @@ class ColorJitter(_Fast, stock_class(_tv, "ColorJitter")):
         order, brightness, contrast, saturation, hue = self.get_params(
             self.brightness, self.contrast, self.saturation, self.hue
         )
-        order = [int(i) for i in order]
-        try:
-            return px.with_array(fn.color_jitter(px.array(), order, brightness, contrast, saturation, hue))
-        except NotImplementedError:
-            img = px.pil()
-            ops = {0: (F.adjust_brightness, brightness), 1: (F.adjust_contrast, contrast)}
-            ops.update({2: (F.adjust_saturation, saturation), 3: (F.adjust_hue, hue)})
-            for index in order:
-                op, factor = ops[index]
-                if factor is not None:
-                    img = op(img, factor)
-            return px.with_pil(img)
+        return jitter_pixels(px, order, (brightness, contrast, saturation, hue))
+
+
+def jitter_pixels(px: Pixels, order, factors) -> Pixels:
+    """ColorJitter's adjustments (brightness, contrast, saturation, hue ``factors``, None for
+    one left out) in ``order``; stock's PIL ops when the fused kernel declines."""
+    order = [int(i) for i in order]
+    try:
+        return px.with_array(fn.color_jitter(px.array(), order, *factors))
+    except NotImplementedError:
+        img = px.pil()
+        ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+        for index in order:
+            if factors[index] is not None:
+                img = ops[index](img, factors[index])
+        return px.with_pil(img)
 
 
 @_entry
 class Grayscale(_Fast, stock_class(_tv, "Grayscale")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        return _kernel(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=self.num_output_channels)
+        return on_array(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=self.num_output_channels)
 
 
 @_entry
@@ -343,7 +372,7 @@ class RandomGrayscale(_Fast, stock_class(_tv, "RandomGrayscale")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         channels = px.dims()[0]
         if torch.rand(1) < self.p:
-            return _kernel(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=channels)
+            return on_array(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=channels)
         return px
 
 
@@ -375,40 +404,59 @@ class Normalize(_Fast, stock_class(_tv, "Normalize")):
         return self._stock_call(px.output())
 
 
-def _float32_stats(values, channels: int) -> tuple[float, ...] | None:
-    """Normalize's mean or std as float32 values broadcastable over ``channels``, or None."""
-    try:
-        arr = np.asarray(values, dtype=np.float32)
-    except (TypeError, ValueError):
-        return None
-    if arr.ndim > 1 or arr.size not in (1, channels):
-        return None
-    return tuple(float(v) for v in arr.reshape(-1))
+def _levels_image(channels: int):
+    """A 256x2 "L" or "RGB" PIL image holding each of the 256 levels in every channel."""
+    from PIL import Image
+
+    levels = np.tile(np.arange(256, dtype=np.uint8), (2, 1))
+    return Image.fromarray(levels if channels == 1 else np.repeat(levels[:, :, None], 3, axis=2))
 
 
-class _ToTensorNormalize:
-    """ToTensor (or PILToTensor + ConvertImageDtype(float32)) then Normalize, fused: one
-    lookup per pixel, bit-identical to the stock steps; the stock steps when anything about
-    the input or the statistics is unusual (so errors are stock's)."""
+class FusedToFloat:
+    """A conversion to tensor (ToTensor, PILToTensor, v2's ToImage) and the elementwise float
+    steps after it (ConvertImageDtype / ToDtype(float32, scale=True), Normalize) as one table
+    lookup per pixel.
 
-    def __init__(self, steps: list[Any], normalize: Any) -> None:
+    The table, the result's type (tensor or ``tv_tensors.Image``) and its memory layout come
+    from stock's own steps run once on an image of the 256 levels, so every value is what stock
+    computes. When that run does not give a float32 image of the input's shape (a std of zero,
+    3 means for 1 channel, another default dtype) the steps run unfused, with stock's errors.
+    ``arrays``: whether the first step takes a user's ndarray as stock does (ToTensor does).
+    """
+
+    _SETTINGS = ("dtype", "scale", "mean", "std")
+
+    def __init__(self, steps: list[Any], *, arrays: bool) -> None:
         self.steps = steps
-        self.normalize = normalize
+        self.arrays = arrays
+        self._references: dict[tuple, tuple[np.ndarray, bool, type] | None] = {}
+
+    def _reference(self, channels: int) -> tuple[np.ndarray, bool, type] | None:
+        # keyed by the steps' settings too, so a user who changes them later gets a new table
+        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in self._SETTINGS)
+        key = (channels, torch.get_default_dtype(), settings)
+        if key in self._references:
+            return self._references[key]
+        found = None
+        try:
+            value = self.steps[0]._stock_call(_levels_image(channels))
+            for step in self.steps[1:]:
+                value = step(value)
+        except Exception:  # stock's error is raised again by the unfused steps
+            value = None
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.shape == (channels, 2, 256):
+            table = value[:, 0, :].numpy().astype(np.float32, copy=True)
+            found = (table, channels > 1 and not value.is_contiguous(), type(value))
+        self._references[key] = found
+        return found
 
     def _nanopatch_run(self, px: Pixels) -> Any:
-        channels = px.dims()[0]
-        mean = _float32_stats(self.normalize.mean, channels)
-        std = _float32_stats(self.normalize.std, channels)
-        usable = mean is not None and std is not None and 0.0 not in std
-        usable = usable and torch.get_default_dtype() == torch.float32
-        if usable and isinstance(self.steps[0], PILToTensor):
-            usable = px.domain == "pil"
-        if not usable:
-            value: Any = px
-            for step in [*self.steps, self.normalize]:
-                value = run_step(step, value)
-            return value
-        return fn.to_tensor_normalize(px.array(), mean, std)
+        found = self._reference(px.dims()[0]) if self.arrays or px.domain == "pil" else None
+        if found is None:
+            return run_steps(self.steps, px)
+        table, channels_last, kind = found
+        out = fn.lookup(px.array(), table, channels_last=channels_last)
+        return out if kind is torch.Tensor else out.as_subclass(kind)
 
 
 # --- containers ----------------------------------------------------------------------------
@@ -419,10 +467,7 @@ class RandomApply(_Fast, stock_class(_tv, "RandomApply")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         if self.p < torch.rand(1):
             return px
-        value: Any = px
-        for step in self.transforms:
-            value = run_step(step, value)
-        return value
+        return run_steps(self.transforms, px)
 
 
 @_entry
@@ -430,10 +475,7 @@ class RandomOrder(_Fast, stock_class(_tv, "RandomOrder")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         order = list(range(len(self.transforms)))
         random.shuffle(order)
-        value: Any = px
-        for i in order:
-            value = run_step(self.transforms[i], value)
-        return value
+        return run_steps([self.transforms[i] for i in order], px)
 
 
 @_entry
@@ -475,10 +517,7 @@ class Planned:
         return plan
 
     def _nanopatch_run(self, px: Pixels) -> Any:
-        value: Any = px
-        for step in self._plan():
-            value = run_step(step, value)
-        return value
+        return run_steps(self._plan(), px)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -493,7 +532,7 @@ class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
         step = steps[i]
         if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
-            return _ToTensorNormalize([step], steps[i + 1]), 2
+            return FusedToFloat(steps[i : i + 2], arrays=True), 2
         if (
             isinstance(step, PILToTensor)
             and i + 2 < len(steps)
@@ -501,7 +540,7 @@ class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
             and steps[i + 1].dtype == torch.float32
             and isinstance(steps[i + 2], Normalize)
         ):
-            return _ToTensorNormalize([step, steps[i + 1]], steps[i + 2]), 3
+            return FusedToFloat(steps[i : i + 3], arrays=False), 3
         return None
 
 
@@ -533,15 +572,15 @@ def _augment_op(px: Pixels, op_name: str, magnitude: float, interpolation, fill)
         "Sharpness": (fn.adjust_sharpness, F.adjust_sharpness),
     }
     if op_name in factor_ops:
-        return _kernel(px, *factor_ops[op_name], 1.0 + magnitude)
+        return on_array(px, *factor_ops[op_name], 1.0 + magnitude)
     if op_name == "Posterize":
-        return _kernel(px, fn.posterize, F.posterize, int(magnitude))
+        return on_array(px, fn.posterize, F.posterize, int(magnitude))
     if op_name == "Solarize":
-        return _kernel(px, fn.solarize, F.solarize, magnitude)
+        return on_array(px, fn.solarize, F.solarize, magnitude)
     plain_ops = {"AutoContrast": (fn.autocontrast, F.autocontrast), "Equalize": (fn.equalize, F.equalize)}
     plain_ops["Invert"] = (fn.invert, F.invert)
     if op_name in plain_ops:
-        return _kernel(px, *plain_ops[op_name])
+        return on_array(px, *plain_ops[op_name])
     if op_name == "Identity":
         return px
     raise ValueError(f"The provided operator {op_name} is not recognized.")

@@ -14,7 +14,6 @@ with the same memory layout.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,20 @@ from torchvision.transforms.v2.functional import _geometry as _F2_geometry
 from . import functional as fn
 from ._pixels import Pixels
 from .datasets import ACCEPTS_ENCODED
-from .transforms import Planned, _scaled_decode, finish, resized_crop_pixels, run_step, stock_class
+from .transforms import (
+    FusedToFloat,
+    Planned,
+    bind_stock,
+    finish,
+    jitter_pixels,
+    on_array,
+    resize_pixels,
+    resized_crop_pixels,
+    run_step,
+    run_steps,
+    stock_class,
+    warn_antialias_ignored,
+)
 
 __all__ = [
     "CenterCrop",
@@ -71,22 +83,21 @@ class _FastV2:
             px = _accept(inputs[0])
             if px is not None:
                 return finish(self._nanopatch_run(px), inputs[0])
-        return self._nanopatch_stock.forward(self, *inputs)
+        return self._stock_call(*inputs)
 
     def _nanopatch_run(self, px: Pixels) -> Any:  # pragma: no cover - every class overrides it
         raise NotImplementedError
 
-    def _stock_step(self, px: Pixels) -> Any:
-        """Stock's own forward on what stock would hold here (a PIL image)."""
-        return self._nanopatch_stock.forward(self, px.output())
+    def _stock_call(self, *inputs: Any) -> Any:
+        """Stock's own forward."""
+        return self._nanopatch_stock.forward(self, *inputs)
 
 
 setattr(_FastV2, ACCEPTS_ENCODED, True)
 
 
 def _entry(cls):
-    cls._nanopatch_stock = next(base for base in cls.__mro__[1:] if not base.__module__.startswith("nanopatch."))
-    cls.__doc__ = cls._nanopatch_stock.__doc__
+    bind_stock(cls)
     return cls
 
 
@@ -100,20 +111,13 @@ class Resize(_FastV2, stock_class(_v2, "Resize")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         _, height, width = px.dims()
         out = _F2_geometry._compute_resized_output_size((height, width), size=self.size, max_size=self.max_size)
-        interpolation = _F2_geometry._check_interpolation(self.interpolation)
         if (out[0], out[1]) != (height, width):
-            if fn._mode_value(interpolation) not in fn._PIL_FILTERS:
-                return px.with_pil(self._stock_step(px))
-            arr, _, _ = _scaled_decode(px, (out[0], out[1]))
-            try:
-                resized = fn.resize(arr, out, interpolation)
-            except NotImplementedError:  # a size Pillow refuses: stock's error (and warnings)
-                return px.with_pil(self._stock_step(px))
-            px = px.with_array(resized)
+            resized = resize_pixels(px, out, _F2_geometry._check_interpolation(self.interpolation))
+            if resized is None:  # stock's pixels, errors and warnings
+                return px.with_pil(self._stock_call(px.output()))
+            px = resized
         if self.antialias is False:  # v2 warns for PIL input even when the size is unchanged
-            warnings.warn(
-                "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
-            )
+            warn_antialias_ignored()
         return px
 
 
@@ -128,9 +132,7 @@ class RandomResizedCrop(_FastV2, stock_class(_v2, "RandomResizedCrop")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         params = self.make_params([px.proxy()])
         if self.antialias is False:
-            warnings.warn(
-                "Anti-alias option is always applied for PIL Image input. Argument antialias is ignored.", stacklevel=2
-            )
+            warn_antialias_ignored()
         interpolation = _F2_geometry._check_interpolation(self.interpolation)
         box = params["top"], params["left"], params["height"], params["width"]
         return resized_crop_pixels(px, *box, self.size, interpolation)
@@ -148,29 +150,9 @@ class RandomVerticalFlip(_FastV2, stock_class(_v2, "RandomVerticalFlip")):
         return px.with_array(fn.vflip(px.array())) if _random_apply(self) else px
 
 
-@_entry
-class ColorJitter(_FastV2, stock_class(_v2, "ColorJitter")):
-    def _nanopatch_run(self, px: Pixels) -> Any:
-        params = self.make_params([px.proxy()])
-        order = [int(i) for i in params["fn_idx"]]
-        factors = [params[k] for k in ("brightness_factor", "contrast_factor", "saturation_factor", "hue_factor")]
-        try:
-            return px.with_array(fn.color_jitter(px.array(), order, *factors))
-        except NotImplementedError:
-            img = px.pil()
-            ops = (F2.adjust_brightness, F2.adjust_contrast, F2.adjust_saturation, F2.adjust_hue)
-            for index in order:
-                if factors[index] is not None:
-                    img = ops[index](img, factors[index])
-            return px.with_pil(img)
-
-
 def _pad(px: Pixels, transform, padding) -> Pixels:
     fill = _get_fill(transform._fill, PIL.Image.Image)
-    try:
-        return px.with_array(fn.pad(px.array(), padding, fill, transform.padding_mode))
-    except NotImplementedError:
-        return px.with_pil(F2.pad(px.pil(), padding=padding, fill=fill, padding_mode=transform.padding_mode))
+    return on_array(px, fn.pad, F2.pad, padding=padding, fill=fill, padding_mode=transform.padding_mode)
 
 
 @_entry
@@ -195,17 +177,7 @@ class RandomCrop(_FastV2, stock_class(_v2, "RandomCrop")):
 class GaussianBlur(_FastV2, stock_class(_v2, "GaussianBlur")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         sigma = self.make_params([px.proxy()])["sigma"]
-        try:
-            return px.with_array(fn.gaussian_blur(px.array(), self.kernel_size, sigma))
-        except NotImplementedError:
-            return px.with_pil(F2.gaussian_blur(px.pil(), self.kernel_size, sigma))
-
-
-def _run_all(steps, px: Pixels) -> Any:
-    value: Any = px
-    for step in steps:
-        value = run_step(step, value)
-    return value
+        return on_array(px, fn.gaussian_blur, F2.gaussian_blur, self.kernel_size, sigma)
 
 
 @_entry
@@ -213,7 +185,7 @@ class RandomApply(_FastV2, stock_class(_v2, "RandomApply")):
     def _nanopatch_run(self, px: Pixels) -> Any:
         if torch.rand(1) >= self.p:
             return px
-        return _run_all(self.transforms, px)
+        return run_steps(self.transforms, px)
 
 
 @_entry
@@ -226,14 +198,19 @@ class RandomChoice(_FastV2, stock_class(_v2, "RandomChoice")):
 @_entry
 class RandomOrder(_FastV2, stock_class(_v2, "RandomOrder")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        return _run_all([self.transforms[i] for i in torch.randperm(len(self.transforms))], px)
+        return run_steps([self.transforms[i] for i in torch.randperm(len(self.transforms))], px)
+
+
+@_entry
+class ColorJitter(_FastV2, stock_class(_v2, "ColorJitter")):
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        params = self.make_params([px.proxy()])
+        factors = [params[k] for k in ("brightness_factor", "contrast_factor", "saturation_factor", "hue_factor")]
+        return jitter_pixels(px, params["fn_idx"], factors)
 
 
 def _grayscale(px: Pixels, channels: int) -> Pixels:
-    try:
-        return px.with_array(fn.rgb_to_grayscale(px.array(), channels))
-    except NotImplementedError:
-        return px.with_pil(F2.rgb_to_grayscale(px.pil(), num_output_channels=channels))
+    return on_array(px, fn.rgb_to_grayscale, F2.rgb_to_grayscale, num_output_channels=channels)
 
 
 @_entry
@@ -265,53 +242,13 @@ class PILToTensor(_FastV2, stock_class(_v2, "PILToTensor")):
 @_entry
 class ToDtype(_FastV2, stock_class(_v2, "ToDtype")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        return self._stock_step(px)  # ToDtype passes PIL images through: stock
+        return self._stock_call(px.output())  # ToDtype passes PIL images through: stock
 
 
 @_entry
 class Normalize(_FastV2, stock_class(_v2, "Normalize")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        return self._stock_step(px)  # Normalize refuses PIL images: stock's error
-
-
-class _FusedToFloat:
-    """``ToImage``/``PILToTensor`` + ``ToDtype(torch.float32, scale=True)`` [+ ``Normalize``]
-    as one lookup. The table is stock's functional ops applied to the 256 levels, so every value
-    is what stock computes; the output has stock's type and channels-last layout."""
-
-    def __init__(self, steps: list[Any]) -> None:
-        self.steps = steps
-        self._tables: dict[tuple, np.ndarray] = {}
-
-    def _table(self, channels: int) -> np.ndarray | None:
-        # keyed by the steps' settings too, so a user who changes them later gets a new table
-        names = ("dtype", "scale", "mean", "std")
-        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in names)
-        key = (channels, settings)
-        table = self._tables.get(key)
-        if table is None:
-            levels = torch.arange(256, dtype=torch.uint8).expand(channels, 1, 256)
-            value: Any = tv_tensors.Image(levels.clone())
-            try:
-                for step in self.steps[1:]:
-                    value = step(value)
-            except Exception:  # stock's error is raised again by the unfused steps
-                return None
-            if tuple(value.shape) != (channels, 1, 256) or value.dtype != torch.float32:
-                return None  # stock broadcasts (3 means on 1 channel) or converts otherwise: unfused
-            table = value.reshape(channels, 256).numpy().astype(np.float32, copy=True)
-            self._tables[key] = table
-        return table
-
-    def _nanopatch_run(self, px: Pixels) -> Any:
-        table = self._table(px.dims()[0]) if px.domain == "pil" else None
-        if table is None:
-            value: Any = px
-            for step in self.steps:
-                value = run_step(step, value)
-            return value
-        out = fn.lookup(px.array(), table)
-        return tv_tensors.Image(out) if isinstance(self.steps[0], ToImage) else out
+        return self._stock_call(px.output())  # Normalize refuses PIL images: stock's error
 
 
 @_entry
@@ -325,5 +262,5 @@ class Compose(Planned, _FastV2, stock_class(_v2, "Compose")):
             and steps[i + 1].scale
         ):
             length = 3 if i + 2 < len(steps) and isinstance(steps[i + 2], Normalize) else 2
-            return _FusedToFloat(steps[i : i + length]), length
+            return FusedToFloat(steps[i : i + length], arrays=False), length
         return None
