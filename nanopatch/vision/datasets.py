@@ -64,7 +64,7 @@ class EncodedImage:
     gives exactly what the stock loader would have returned. Pickles as its path.
     """
 
-    __slots__ = ("_data", "_size", "path")
+    __slots__ = ("_data", "_header", "_size", "path")
 
     def __init__(self, path: str | os.PathLike[str] | None = None, data: bytes | None = None) -> None:
         if (path is None) == (data is None):
@@ -72,6 +72,7 @@ class EncodedImage:
         self.path = path
         self._data = data
         self._size: tuple[int, int] | None = None
+        self._header: _decode.JpegHeader | None = None  # parsed once, for size and decode
 
     @property
     def data(self) -> bytes | memoryview:
@@ -83,18 +84,19 @@ class EncodedImage:
     def size(self) -> tuple[int, int]:
         """(width, height) at full resolution."""
         if self._size is None:
-            hw = _decode.jpeg_size(self.data)
-            if hw is None:
+            self._header = _decode.jpeg_header(self.data)
+            if self._header is None:
                 with self._open_pil() as img:
-                    hw = (img.height, img.width)
-            self._size = (hw[1], hw[0])
+                    self._size = img.size
+            else:
+                self._size = (self._header.width, self._header.height)
         return self._size
 
     def decode(self, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
         """HWC RGB (or HW for ``mode="L"``) uint8 pixels; at least ``min_size`` (h, w) when a
         DCT-scaled decode is possible, else full size."""
         fallback = self.path if self.path is not None else self.data
-        return _decode.decode_data(self.data, fallback=fallback, min_size=min_size, mode=mode)
+        return _decode.decode_data(self.data, fallback=fallback, min_size=min_size, mode=mode, header=self._header)
 
     def to_pil(self):
         """What ``torchvision.datasets.folder.pil_loader`` returns for this file (the bytes

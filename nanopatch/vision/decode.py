@@ -318,41 +318,27 @@ def _decompression_bomb_check(width: int, height: int) -> None:
         check((width, height))
 
 
-_last_header: tuple[object, object, JpegHeader | None] = (None, None, None)
-
-
-def _header_of(backend: _Backend, data) -> JpegHeader | None:
-    """``backend.header(data)``, remembered for the last bytes object asked about: a pipeline
-    reads the size of a file before it decodes it, and parsing twice costs ~0.1 ms."""
-    global _last_header
-    if type(data) is not bytes:  # only immutable bytes can be recognised by identity
-        return backend.header(data)
-    seen_backend, seen_data, header = _last_header
-    if seen_data is data and seen_backend is backend:
-        return header
-    header = backend.header(data)
-    _last_header = (backend, data, header)
-    return header
-
-
-def jpeg_size(data) -> tuple[int, int] | None:
-    """(height, width) of a JPEG the fast path can decode, or None."""
+def jpeg_header(data) -> JpegHeader | None:
+    """The header of a JPEG the fast path can decode, or None."""
     backend = jpeg_backend()
     if backend is None or not is_jpeg(data):
         return None
-    header = _header_of(backend, data)
-    return None if header is None else (header.height, header.width)
+    return backend.header(data)
 
 
-def decode_fast(data, *, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray | None:
+def decode_fast(
+    data, *, min_size: tuple[int, int] | None = None, mode: str = "RGB", header: JpegHeader | None = None
+) -> np.ndarray | None:
     """Decode JPEG bytes with the fast backend, or return None when stock Pillow must decide.
 
     Returns (H, W, 3) RGB, or (H, W) for ``mode="L"``: a grayscale JPEG's own samples, and for
-    a colour JPEG Pillow's RGB->L conversion of the RGB decode (libjpeg's luma is not that)."""
+    a colour JPEG Pillow's RGB->L conversion of the RGB decode (libjpeg's luma is not that).
+    ``header``: :func:`jpeg_header` of ``data`` when the caller has read it already."""
     backend = jpeg_backend()
     if backend is None or not is_jpeg(data) or not has_eoi(data):
         return None
-    header = _header_of(backend, data)
+    if header is None:
+        header = backend.header(data)
     if header is None:
         return None
     _decompression_bomb_check(header.width, header.height)
@@ -377,12 +363,20 @@ def decode(source: Source, *, min_size: tuple[int, int] | None = None, mode: str
     return decode_data(read_bytes(source), fallback=source, min_size=min_size, mode=mode)
 
 
-def decode_data(data, *, fallback: Source, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
+def decode_data(
+    data,
+    *,
+    fallback: Source,
+    min_size: tuple[int, int] | None = None,
+    mode: str = "RGB",
+    header: JpegHeader | None = None,
+) -> np.ndarray:
     """:func:`decode` for bytes already read; ``fallback`` (the path, when there is one) is what
-    Pillow opens if the fast path declines, so its errors name the file as stock's do."""
+    Pillow opens if the fast path declines, so its errors name the file as stock's do.
+    ``header``: :func:`jpeg_header` of ``data`` when the caller has read it already."""
     if mode not in ("RGB", "L"):
         raise ValueError(f"decode(): mode must be 'RGB' or 'L', not {mode!r}")
-    array = decode_fast(data, min_size=min_size, mode=mode)
+    array = decode_fast(data, min_size=min_size, mode=mode, header=header)
     return array if array is not None else pil_decode(fallback, mode)
 
 
