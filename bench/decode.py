@@ -485,20 +485,30 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_workers(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
-    """The measurement, in ``args.processes`` fresh processes one after the other: the speed of
-    Pillow's path varies from process to process (heap layout, malloc thresholds), so one
-    process would draw a single sample of that."""
+def run_worker_processes(
+    script: str,
+    args: argparse.Namespace,
+    extra: list[str],
+    log: Callable[[str], None],
+    env: dict[str, str] | None = None,
+) -> list[dict]:
+    """The measurement, in ``args.processes`` fresh processes of ``script`` one after the
+    other: the speed of Pillow's path varies from process to process (heap layout, malloc
+    thresholds), so one process would draw a single sample of that. Each prints its JSON
+    report; ``extra`` are the script's own worker options."""
     reports = []
     for index in range(args.processes):
-        command = [sys.executable, os.path.abspath(__file__), "--worker-offset", str(index * args.rounds)]
+        command = [sys.executable, os.path.abspath(script), "--worker-offset", str(index * args.rounds)]
         command += ["--cpu", str(args.cpu), "--rounds", str(args.rounds), "--data", str(args.data)]
-        command += ["--small", str(args.small), "--large", str(args.large)]
-        command += ["--sample-time", str(args.sample_time), "--malloc", args.malloc]
+        command += ["--small", str(args.small), "--large", str(args.large), "--sample-time", str(args.sample_time)]
         log(f"process {index + 1}/{args.processes}: {args.rounds} rounds")
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+        done = subprocess.run([*command, *extra], stdout=subprocess.PIPE, text=True, check=True, env=env)
         reports.append(json.loads(done.stdout))
     return reports
+
+
+def run_workers(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
+    return run_worker_processes(__file__, args, ["--malloc", args.malloc], log)
 
 
 def summarise(reports: list[dict], paths: dict) -> list[dict]:

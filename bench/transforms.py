@@ -46,7 +46,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -86,8 +85,7 @@ BEAT_ALBU = {(NANOPATCH, SMALL), (FAST, SMALL)}
 SEED = 20240
 
 
-def size_name(size: tuple[int, int]) -> str:
-    return decode_bench.size_name(size)
+size_name = decode_bench.size_name
 
 
 def folder_root(data: Path, size: tuple[int, int], count: int) -> Path:
@@ -482,19 +480,10 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def run_workers(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
-    """The measurement, in ``args.processes`` fresh processes one after the other (a process's
-    heap layout and malloc thresholds make its speed one draw of several)."""
+    """The measurement, in ``args.processes`` fresh processes one after the other, one thread
+    everywhere."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    reports = []
-    for index in range(args.processes):
-        command = [sys.executable, os.path.abspath(__file__), "--worker-offset", str(index * args.rounds)]
-        command += ["--cpu", str(args.cpu), "--rounds", str(args.rounds), "--data", str(args.data)]
-        command += ["--small", str(args.small), "--large", str(args.large), "--sample-time", str(args.sample_time)]
-        command += ["--pipelines", ",".join(args.pipelines)]
-        log(f"process {index + 1}/{args.processes}: {args.rounds} rounds")
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, env=env)
-        reports.append(json.loads(done.stdout))
-    return reports
+    return decode_bench.run_worker_processes(__file__, args, ["--pipelines", ",".join(args.pipelines)], log, env)
 
 
 # --- the report ----------------------------------------------------------------------------
