@@ -451,6 +451,9 @@ def status() -> dict[str, Any]:
                 "detail": detail,
                 "attributes": [r.where for r in _journal.records(name)],
             }
+            patcher = sys.modules.get(target.patcher)
+            if state == "patched" and hasattr(patcher, "describe"):
+                target_info[name]["details"] = patcher.describe()
         return {
             "patched": _active is not None,
             "options": config.as_dict() if config is not None else {},
@@ -462,3 +465,4 @@ def status() -> dict[str, Any]:
 # --- the built-in targets -------------------------------------------------------------
 
 register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))
+register(Target(name="training", option="training", module="torch", patcher="nanopatch.training.patch"))

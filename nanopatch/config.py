@@ -30,13 +30,20 @@ OPTIONS: dict[str, str] = {
     "vision": "bool",
     "training": "bool",
     "bf16": "tristate",
+    "bf16_eval": "bool",
     "channels_last": "tristate",
     "ipex": "tristate",
     "compile": "compile",
     "fast_decode": "bool",
 }
 
-_DEFAULTS: dict[str, Any] = {"vision": True, "training": True, "compile": False, "fast_decode": True}
+_DEFAULTS: dict[str, Any] = {
+    "vision": True,
+    "training": True,
+    "bf16_eval": True,
+    "compile": False,
+    "fast_decode": True,
+}
 
 
 def env_name(option: str) -> str:
@@ -90,6 +97,7 @@ class Config:
     vision: bool
     training: bool
     bf16: bool
+    bf16_eval: bool  # keep bf16 autocast when a paired model runs in eval mode
     channels_last: bool
     ipex: bool
     compile: str | bool  # False, or a torch.compile mode name

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nanopatch import config, cpu
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 
@@ -79,3 +81,30 @@ def corpus(tmp_path_factory):
 
     entries = build(tmp_path_factory.mktemp("corpus"), huge=True)
     return {entry.name: entry for entry in entries}
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cpu"
+
+
+def facts_of(name: str) -> cpu.CpuFacts:
+    return cpu.facts(
+        cpuinfo_path=str(FIXTURES / name),
+        proc_self_cgroup="/nonexistent",
+        cgroup_root="/nonexistent",
+        allowed=(0, 1),
+    )
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend to run on a fixture CPU; no IPEX installed; no NANOPATCH_* in the environment."""
+
+    def use(name: str, ipex: str | None = None, torch: str | None = "2.13.0") -> None:
+        monkeypatch.setattr(cpu, "host_facts", lambda: facts_of(name))
+        versions = {"intel-extension-for-pytorch": ipex, "torch": torch}
+        monkeypatch.setattr(config, "distribution_version", lambda dist: versions.get(dist))
+
+    for name in config.OPTIONS:
+        monkeypatch.delenv(config.env_name(name), raising=False)
+    use("xeon_spr_2s_ht.cpuinfo")
+    return use

@@ -30,9 +30,26 @@ CALLS = {"get_params": 0}
 _subclasses: dict[Any, type] = {}  # stock class -> its demo subclass, made once (stable identity)
 
 
+_set_aside: dict[str, _patching.Target] = {}
+
+
 def register() -> None:
+    """Add the demo targets. nanopatch's real ``training`` target wraps the same two torch
+    attributes as ``demo-training``, so it is set aside meanwhile (it has its own tests in
+    test_training.py); :func:`unregister` puts it back."""
+    real = next((t for t in _patching.targets() if t.name == "training"), None)
+    if real is not None:
+        _set_aside["training"] = real
+        _patching.unregister("training")
     _patching.register(VISION)
     _patching.register(TRAINING)
+
+
+def unregister() -> None:
+    _patching.unregister(VISION.name)
+    _patching.unregister(TRAINING.name)
+    if "training" in _set_aside:
+        _patching.register(_set_aside.pop("training"))
 
 
 def demo_subclass(stock: type) -> type:

@@ -25,8 +25,7 @@ def demo():
     demo_targets.register()
     yield before
     nanopatch.unpatch_torch()
-    _patching.unregister(demo_targets.VISION.name)
-    _patching.unregister(demo_targets.TRAINING.name)
+    demo_targets.unregister()
     demo_targets.assert_same(before)
 
 
@@ -111,7 +110,16 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
     assert "torchvision.transforms.RandomErasing" in vision["attributes"]
     assert "torch.optim.optimizer.Optimizer.__init__" in status["targets"]["demo-training"]["attributes"]
     assert status["options"]["bf16"] == {"value": False, "source": "argument", "reason": "set by patch_torch(bf16=...)"}
-    assert set(status["options"]) == {"vision", "training", "bf16", "channels_last", "ipex", "compile", "fast_decode"}
+    assert set(status["options"]) == {
+        "vision",
+        "training",
+        "bf16",
+        "bf16_eval",
+        "channels_last",
+        "ipex",
+        "compile",
+        "fast_decode",
+    }
     import json
 
     json.dumps(status)  # plain data only

@@ -1,0 +1,117 @@
+"""bf16 autocast around a model's forward, with the outputs handed back in fp32.
+
+The user's loss then runs in fp32 exactly as in their stock script; only the model's own
+operations run under ``torch.autocast("cpu", dtype=torch.bfloat16)``. Outputs are walked
+through the containers models return (tensors, tuples and named tuples, lists, dicts and
+``Mapping`` subclasses such as Hugging Face's ``ModelOutput``, dataclasses, plain objects
+with a ``__dict__``); anything else that could hide a tensor makes :func:`to_fp32` report
+failure, so the caller can give that model up and run it stock.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+#: Leaf types that can never hold a tensor.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, range, slice)
+
+
+class Uncastable(Exception):
+    """An output nanopatch cannot look into, so it cannot promise it holds no bf16 tensor."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__(f"{kind.__module__}.{kind.__qualname__}")
+        self.kind = kind
+
+
+def autocast_enabled() -> bool:
+    """Whether CPU autocast is on here already (the user's own ``torch.autocast``, or an outer
+    model of ours): then a paired model neither enters it again nor casts its outputs."""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def autocast(dtype: torch.dtype) -> torch.autocast:
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def to_fp32(value: Any, dtype: torch.dtype = torch.bfloat16) -> Any:
+    """``value`` with every floating tensor of ``dtype`` in it cast to float32.
+
+    Containers are rebuilt (never changed in place) as the same type. Raises
+    :class:`Uncastable` for a value it cannot look into."""
+    return _cast(value, dtype, 0)
+
+
+def _cast(value: Any, dtype: torch.dtype, depth: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype == dtype else value
+    if isinstance(value, _PLAIN):
+        return value
+    if depth > 32:
+        raise Uncastable(type(value))
+    depth += 1
+    kind = type(value)
+    if isinstance(value, tuple):
+        items = [_cast(v, dtype, depth) for v in value]
+        if hasattr(value, "_fields"):  # a named tuple
+            return kind(*items)
+        return tuple(items) if kind is tuple else kind(items)
+    if isinstance(value, list):
+        items = [_cast(v, dtype, depth) for v in value]
+        return items if kind is list else _rebuilt_sequence(value, items)
+    if isinstance(value, Mapping):
+        return _cast_mapping(value, dtype, depth)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _cast_attributes(value, dtype, depth, [f.name for f in dataclasses.fields(value)])
+    if hasattr(value, "__dict__") and not callable(value) and not isinstance(value, type):
+        return _cast_attributes(value, dtype, depth, list(vars(value)))
+    if getattr(value, "__module__", "").startswith("numpy") or type(value).__module__ == "numpy":
+        return value  # numpy arrays and scalars hold no torch tensor
+    raise Uncastable(kind)
+
+
+def _rebuilt_sequence(value: list, items: list) -> list:
+    new = copy.copy(value)
+    new[:] = items
+    return new
+
+
+def _cast_mapping(value: Mapping, dtype: torch.dtype, depth: int) -> Mapping:
+    cast = {k: _cast(v, dtype, depth) for k, v in value.items()}
+    if type(value) is dict:
+        return cast
+    if all(cast[k] is value[k] for k in cast):
+        return value  # nothing to change: keep the object itself
+    try:
+        new = copy.copy(value)
+        for k, v in cast.items():
+            new[k] = v  # ModelOutput's __setitem__ keeps its attributes in step
+    except Exception as exc:
+        raise Uncastable(type(value)) from exc
+    return new
+
+
+def _cast_attributes(value: Any, dtype: torch.dtype, depth: int, names: list[str]) -> Any:
+    changed = {}
+    for name in names:
+        old = getattr(value, name)
+        new = _cast(old, dtype, depth)
+        if new is not old:
+            changed[name] = new
+    if not changed:
+        return value
+    try:
+        new_value = copy.copy(value)
+        for name, new in changed.items():
+            object.__setattr__(new_value, name, new)  # frozen dataclasses too
+    except Exception as exc:
+        raise Uncastable(type(value)) from exc
+    return new_value

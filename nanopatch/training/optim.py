@@ -1,0 +1,104 @@
+"""Native fused/foreach optimizer steps for the optimizers torch has them for.
+
+On CPU, torch's optimizers default to one Python loop over the parameters. Where torch ships
+a fused CPU kernel (``SGD``, ``Adam``, ``AdamW``, ``Adagrad`` on recent torch) nanopatch turns
+it on, else the multi-tensor ``foreach`` path, but only for groups where the user left both
+flags unset. The flags are taken out of ``optimizer.state_dict()`` again (and put back after
+``load_state_dict``), so checkpoints are the ones stock would write.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
+_FOREACH = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop", "ASGD", "Adadelta")
+_FLAG = "_nanopatch_step_flags"
+
+
+def _cpu_fused_supported() -> bool:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return False
+    return "cpu" in _get_fused_kernels_supported_devices()
+
+
+def _dense_cpu_float(group: dict) -> bool:
+    return all(
+        isinstance(p, torch.Tensor) and p.device.type == "cpu" and p.is_floating_point() and not p.is_sparse
+        for p in group["params"]
+    )
+
+
+def choose_flag(optimizer: torch.optim.Optimizer) -> str | None:
+    """ "fused" or "foreach" for an optimizer torch has that path for, else None."""
+    cls = type(optimizer)
+    if cls.__module__.split(".")[:2] != ["torch", "optim"]:
+        return None  # a subclass or third-party optimizer: its step may not read the flags
+    if not hasattr(optimizer, "register_state_dict_post_hook"):
+        return None  # torch < 2.3: no way to keep checkpoints stock
+    if cls.__name__ in _FUSABLE and _cpu_fused_supported():
+        return "fused"
+    if cls.__name__ in _FOREACH:
+        return "foreach"
+    return None
+
+
+def _eligible(group: dict, flag: str) -> bool:
+    return (
+        flag in group
+        and group.get("fused") is None
+        and group.get("foreach") is None
+        and not group.get("differentiable", False)
+        and not group.get("capturable", False)
+        and _dense_cpu_float(group)
+    )
+
+
+def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
+    """Switch the optimizer's unset step flags to its fastest native path; returns the flag
+    set ("fused"/"foreach") or None when nothing changed."""
+    flag = choose_flag(optimizer)
+    if flag is None or getattr(optimizer, _FLAG, None) is not None:
+        return None
+    changed = [i for i, g in enumerate(optimizer.param_groups) if _eligible(g, flag)]
+    if not changed:
+        return None
+    for i in changed:
+        optimizer.param_groups[i][flag] = True
+    handles = (
+        optimizer.register_state_dict_post_hook(_stock_flags),
+        optimizer.register_load_state_dict_post_hook(_reapply),
+    )
+    setattr(optimizer, _FLAG, (flag, handles, changed))
+    return flag
+
+
+def restore_step(optimizer: torch.optim.Optimizer) -> None:
+    """Undo :func:`use_fast_step`: the flags back to unset, the hooks removed."""
+    state = getattr(optimizer, _FLAG, None)
+    if state is None:
+        return
+    flag, handles, changed = state
+    for i in changed:
+        if i < len(optimizer.param_groups):
+            optimizer.param_groups[i][flag] = None
+    for handle in handles:
+        handle.remove()
+    delattr(optimizer, _FLAG)
+
+
+def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    flag, _, changed = getattr(optimizer, _FLAG)
+    for i in changed:
+        if i < len(state_dict["param_groups"]):
+            state_dict["param_groups"][i][flag] = None
+    return state_dict
+
+
+def _reapply(optimizer: torch.optim.Optimizer) -> None:
+    flag, _, changed = getattr(optimizer, _FLAG)
+    for i in changed:
+        if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
+            optimizer.param_groups[i][flag] = True

@@ -1,0 +1,626 @@
+"""The training patch: finding model and optimizer, bf16 autocast with fp32 outputs,
+channels-last, fused optimizer steps, fallbacks and exact undo, on real torch models."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import inspect
+import io
+import logging
+import socket
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nanopatch
+from nanopatch import NanopatchWarning
+from nanopatch.training import amp
+from nanopatch.training import patch as training
+
+torchvision = pytest.importorskip("torchvision")
+
+NATIVE = {"ipex": False}  # the native path; the IPEX path has its own tests
+
+
+def small_cnn(classes: int = 4) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, classes),
+    )
+
+
+class Probe:
+    """Records the dtype a submodule computes in (bf16 under our autocast)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.dtypes: list[torch.dtype] = []
+        module.register_forward_hook(lambda m, i, o: self.dtypes.append(o.dtype))
+
+    def last(self) -> torch.dtype:
+        return self.dtypes[-1]
+
+
+def plan_of(model: nn.Module):
+    return training._plans.get(model)
+
+
+def train_steps(model, optimizer, x, y, steps=2, loss_fn=F.cross_entropy):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        out = model(x)
+        loss = loss_fn(out, y)
+        loss.backward()
+        optimizer.step()
+    return out, loss
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Every test starts and ends unpatched."""
+    nanopatch.unpatch_torch()
+    yield
+    nanopatch.unpatch_torch()
+
+
+# --- finding the model ----------------------------------------------------------------
+
+
+def test_resnet18_paired_at_train_runs_bf16_inside_and_returns_fp32():
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=10)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model.train()
+        probe = Probe(model.fc)
+        x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+        out, loss = train_steps(model, optimizer, x, y)
+        assert probe.last() == torch.bfloat16  # the model computed in bf16...
+        assert out.dtype == torch.float32 and loss.dtype == torch.float32  # ...the user sees fp32
+        assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+        assert not model.conv1.weight.is_contiguous()
+        details = nanopatch.status()["targets"]["training"]["details"]
+        assert [d["model"] for d in details] == ["ResNet"]
+        assert details[0]["bf16"] is True and details[0]["channels_last"] == "channels_last"
+        assert details[0]["optimizers"] == ["SGD"]
+        # only the outermost .train() counts: no child module got a plan of its own
+        assert list(training._plans) == [model]
+    # undone: the stock forward, stock strides, plain fp32
+    assert "forward" not in model.__dict__
+    assert model.conv1.weight.is_contiguous()
+    out = model(x)
+    assert probe.last() == torch.float32 and out.dtype == torch.float32
+
+
+def test_optimizer_built_after_train_is_paired_at_the_first_forward():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters())
+        probe = Probe(model[0])
+        assert training._discovery  # searching while the optimizer is unpaired
+        out = model(torch.randn(2, 3, 8, 8))
+        assert probe.last() == torch.bfloat16  # this very first call is accelerated
+        assert out.dtype == torch.float32
+        assert not amp.autocast_enabled()  # nothing leaks out of the call
+        assert not training._discovery and not training._pending
+        assert plan_of(model).optimizers == ["Adam"]
+        out.sum().backward()
+        optimizer.step()
+
+
+def test_script_that_never_calls_train_is_paired_in_grad_mode_only():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.no_grad():
+            model(torch.randn(2, 3, 8, 8))  # e.g. a model summary: not training
+        assert plan_of(model) is None
+        probe = Probe(model[-1])
+        train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert plan_of(model) is not None and probe.dtypes == [torch.bfloat16, torch.bfloat16]
+
+
+def test_search_ends_at_the_first_step_when_no_model_is_found(caplog):
+    caplog.set_level(logging.INFO, logger="nanopatch")
+    with nanopatch.patched(**NATIVE):
+        weight = nn.Parameter(torch.randn(3))
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        (weight * 2).sum().backward()
+        optimizer.step()
+        assert not training._pending and not training._discovery
+    assert any("no model was found for SGD" in r.getMessage() for r in caplog.records)
+
+
+def test_gan_two_models_two_optimizers():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        torch.manual_seed(0)
+        gen = nn.Sequential(nn.Linear(8, 3 * 8 * 8), nn.Unflatten(1, (3, 8, 8)), nn.Conv2d(3, 3, 3, padding=1))
+        disc = small_cnn(classes=1)
+        opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+        opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+        gen.train()
+        disc.train()
+        real = torch.randn(4, 3, 8, 8)
+        for _ in range(2):
+            fake = gen(torch.randn(4, 8))
+            assert fake.dtype == torch.float32
+            d_loss = F.binary_cross_entropy_with_logits(
+                disc(real), torch.ones(4, 1)
+            ) + F.binary_cross_entropy_with_logits(disc(fake.detach()), torch.zeros(4, 1))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = F.binary_cross_entropy_with_logits(disc(fake), torch.ones(4, 1))
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+        assert torch.isfinite(g_loss) and torch.isfinite(d_loss)
+        assert plan_of(gen).optimizers == ["Adam"] and plan_of(disc).optimizers == ["Adam"]
+        assert len(training._plans) == 2
+
+
+def test_transformer_models_get_bf16_and_channels_last_only_with_convolutions():
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+        encoder = nn.Sequential(nn.Embedding(50, 32), nn.TransformerEncoder(layer, num_layers=2), nn.Linear(32, 50))
+        optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
+        encoder.train()
+        tokens = torch.randint(0, 50, (2, 16))
+        out, loss = train_steps(
+            encoder, optimizer, tokens, tokens, loss_fn=lambda o, t: F.cross_entropy(o.reshape(-1, 50), t.reshape(-1))
+        )
+        assert out.dtype == torch.float32 and torch.isfinite(loss)
+        assert plan_of(encoder).describe()["channels_last"] is False
+
+        vit = torchvision.models.VisionTransformer(
+            image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+        )
+        opt_vit = torch.optim.AdamW(vit.parameters(), lr=1e-3)
+        vit.train()
+        probe = Probe(vit.heads)
+        out, _ = train_steps(vit, opt_vit, torch.randn(2, 3, 32, 32), torch.tensor([1, 2]))
+        assert out.dtype == torch.float32 and probe.last() == torch.bfloat16
+        assert plan_of(vit).describe()["channels_last"] == "channels_last"  # its patch embedding
+
+
+def test_3d_convolutions_get_channels_last_3d():
+    with nanopatch.patched(channels_last=True, **NATIVE):
+        model = nn.Sequential(nn.Conv3d(2, 4, 3), nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        seen = []
+        model[0].register_forward_pre_hook(
+            lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last_3d))
+        )
+        train_steps(model, optimizer, torch.randn(2, 2, 5, 5, 5), torch.tensor([0, 1]), steps=1)
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+        assert seen == [True]  # the 5-D input was converted at the forward boundary
+    assert model[0].weight.is_contiguous()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_model_wrapped_in_distributed_data_parallel():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with nanopatch.patched(bf16=True, channels_last=True, **NATIVE), warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. DDP's "grad strides do not match bucket view strides"
+            model = small_cnn()
+            ddp = nn.parallel.DistributedDataParallel(model)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            ddp.train()
+            probe = Probe(model[-1])
+            out, loss = train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+            assert out.dtype == torch.float32 and probe.last() == torch.bfloat16 and torch.isfinite(loss)
+            described = plan_of(ddp).describe()
+            assert described["model"] == "DistributedDataParallel" and described["channels_last"] is False
+            assert any("already wrapped" in note for note in described["notes"])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_model_wrapped_in_data_parallel():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        wrapped = nn.DataParallel(model)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        wrapped.train()
+        out, _ = train_steps(wrapped, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+        assert out.dtype == torch.float32 and plan_of(wrapped) is not None
+
+
+# --- outputs --------------------------------------------------------------------------
+
+
+Pair = collections.namedtuple("Pair", "logits features")
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    extra: dict
+    count: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenOutput:
+    logits: torch.Tensor
+
+
+class ModelOutputLike(collections.OrderedDict):
+    """What Hugging Face models return: a dict whose items are also attributes."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        object.__setattr__(self, key, value)
+
+
+class Heads(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if self.kind == "tuple":
+            return y, [y * 2, 7], None
+        if self.kind == "namedtuple":
+            return Pair(y, y.detach())
+        if self.kind == "dict":
+            return {"logits": y, "nested": {"a": (y,)}, "index": torch.arange(3)}
+        if self.kind == "dataclass":
+            return Output(y, {"z": y})
+        if self.kind == "frozen":
+            return FrozenOutput(y)
+        if self.kind == "modeloutput":
+            out = ModelOutputLike()
+            out["logits"] = y
+            return out
+        raise AssertionError(self.kind)
+
+
+def floating_dtypes(value, found=None):
+    found = [] if found is None else found
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            found.append(value.dtype)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            floating_dtypes(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            floating_dtypes(v, found)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            floating_dtypes(getattr(value, f.name), found)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["tuple", "namedtuple", "dict", "dataclass", "frozen", "modeloutput"])
+def test_nested_outputs_come_back_in_fp32_with_their_types(kind):
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = Heads(kind)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        probe = Probe(model.linear)
+        out = model(torch.randn(2, 4))
+        assert probe.last() == torch.bfloat16
+        stock = Heads(kind)(torch.randn(2, 4))
+        assert type(out) is type(stock)
+        dtypes = floating_dtypes(out)
+        assert dtypes and set(dtypes) == {torch.float32}
+        if kind == "tuple":
+            assert out[1][1] == 7 and out[2] is None
+        if kind == "dict":
+            assert out["index"].dtype == torch.int64
+        if kind == "modeloutput":
+            assert out.logits is out["logits"] and out.logits.dtype == torch.float32
+        optimizer.zero_grad()
+
+
+class Slotted:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class SlottedModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return Slotted(self.linear(x))
+
+
+def test_an_output_nanopatch_cannot_cast_turns_autocast_off_for_that_model(caplog):
+    caplog.set_level(logging.WARNING, logger="nanopatch")
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = SlottedModel()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
+        model.train()
+        probe = Probe(model.linear)
+        model(torch.randn(2, 4))
+        second = model(torch.randn(2, 4))
+        assert probe.dtypes == [torch.bfloat16, torch.float32]  # stock from the second call on
+        assert second.value.dtype == torch.float32
+        said = [r for r in caplog.records if "cannot cast back to fp32" in r.getMessage()]
+        assert len(said) == 1
+        assert any("autocast off" in note for note in plan_of(model).notes)
+
+
+def test_the_users_own_autocast_keeps_working():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(2, 3, 8, 8))
+        assert out.dtype == torch.bfloat16  # what stock gives under the user's autocast
+        F.cross_entropy(out.float(), torch.tensor([0, 1])).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("bf16_eval", [True, False])
+def test_eval_mode_keeps_autocast_unless_switched_off(bf16_eval):
+    with nanopatch.patched(bf16=True, bf16_eval=bf16_eval, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
+        model.train()
+        probe = Probe(model[-1])
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.randn(2, 3, 8, 8))
+        assert out.dtype == torch.float32
+        assert probe.last() == (torch.bfloat16 if bf16_eval else torch.float32)
+        model.train()
+        model(torch.randn(2, 3, 8, 8))
+        assert probe.last() == torch.bfloat16
+
+
+def test_a_cpu_without_native_bf16_trains_in_fp32_and_says_why(machine):
+    machine("xeon_skylake_4c.cpuinfo")
+    with nanopatch.patched(**NATIVE):
+        status = nanopatch.status()
+        assert status["options"]["bf16"]["value"] is False
+        assert "no native bf16" in status["options"]["bf16"]["reason"]
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        probe = Probe(model[-1])
+        out, _ = train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert probe.last() == torch.float32 and out.dtype == torch.float32
+        described = plan_of(model).describe()
+        assert described["bf16"] is False and described["channels_last"] == "channels_last"
+
+
+# --- fallbacks ------------------------------------------------------------------------
+
+
+def test_lbfgs_runs_stock(caplog):
+    caplog.set_level(logging.INFO, logger="nanopatch")
+    with nanopatch.patched(bf16=True, **NATIVE):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.LBFGS(model.parameters(), max_iter=5)
+        model.train()
+        probe = Probe(model)
+        x, y = torch.randn(16, 3), torch.randn(16, 1)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+        assert set(probe.dtypes) == {torch.float32}
+        assert "LBFGS" in plan_of(model).stock and "forward" not in model.__dict__
+    assert any("runs stock" in r.getMessage() and "LBFGS" in r.getMessage() for r in caplog.records)
+
+
+def test_sparse_gradients_run_stock():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        out = model(torch.tensor([[1, 2]]))
+        out.sum().backward()
+        optimizer.step()
+        assert "sparse" in plan_of(model).stock
+
+
+def test_a_failing_setup_leaves_the_model_stock(monkeypatch):
+    def broken(model, rank):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(training.mf, "convert_model", broken)
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        out, _ = train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert "boom" in plan_of(model).stock and "forward" not in model.__dict__
+        assert out.dtype == torch.float32
+
+
+# --- optimizer steps ------------------------------------------------------------------
+
+
+def test_fused_step_only_where_the_user_left_it_unset_and_checkpoints_stay_stock():
+    with nanopatch.patched(**NATIVE):
+        model = small_cnn()
+        default = torch.optim.SGD(model.parameters(), lr=0.1)
+        chosen = torch.optim.Adam(model.parameters(), foreach=False)
+        model.train()
+        flag = training.optim.choose_flag(default)
+        assert flag in ("fused", "foreach")
+        assert default.param_groups[0][flag] is True
+        assert chosen.param_groups[0]["foreach"] is False and chosen.param_groups[0]["fused"] is None
+        assert default.state_dict()["param_groups"][0][flag] is None  # as stock would save it
+        default.load_state_dict(default.state_dict())
+        assert default.param_groups[0][flag] is True  # re-applied after loading
+    assert default.param_groups[0][flag] is None  # undone
+
+
+def test_third_party_optimizer_subclasses_are_found():
+    class Lion(torch.optim.Optimizer):  # a third-party optimizer: a plain subclass
+        def __init__(self, params, lr=1e-4):
+            super().__init__(params, {"lr": lr})
+            self.built = True  # the subclass finishes after Optimizer.__init__ returns
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(torch.sign(p.grad), alpha=-group["lr"])
+
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = Lion(model.parameters())
+        model.train()
+        out, _ = train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert plan_of(model).optimizers == ["Lion"] and out.dtype == torch.float32
+
+
+# --- undo, copies, signatures ---------------------------------------------------------
+
+
+def test_trained_under_patched_then_used_under_unpatched_is_plain_fp32_and_comes_back():
+    nanopatch.patch_torch(bf16=True, channels_last=True, **NATIVE)
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    probe = Probe(model[-1])
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    train_steps(model, optimizer, x, y)
+    with nanopatch.unpatched():
+        assert "forward" not in model.__dict__ and model[0].weight.is_contiguous()
+        model.eval()
+        out = model(x)
+        assert probe.last() == torch.float32 and out.dtype == torch.float32
+    model.train()  # back under the patch: accelerated again
+    train_steps(model, optimizer, x, y, steps=1)
+    assert probe.last() == torch.bfloat16
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_deepcopy_and_pickle_give_models_that_call_themselves():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
+        model.train()
+        ema = copy.deepcopy(model)
+        assert ema.forward.module is ema
+        ema_probe = Probe(ema[-1])
+        assert ema(torch.randn(2, 3, 8, 8)).dtype == torch.float32 and ema_probe.last() == torch.bfloat16
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert loaded.forward.module is loaded and loaded(torch.randn(2, 3, 8, 8)).dtype == torch.float32
+        assert inspect.signature(model.forward) == inspect.signature(small_cnn().forward)
+    # copies are undone with the rest
+    assert "forward" not in ema.__dict__ and "forward" not in loaded.__dict__
+    ema(torch.randn(2, 3, 8, 8))
+    assert ema_probe.last() == torch.float32
+
+
+def test_a_models_own_instance_forward_is_kept_and_restored():
+    model = small_cnn()
+    calls = []
+
+    def custom(x):
+        calls.append(x.shape)
+        return nn.Sequential.forward(model, x)
+
+    model.forward = custom
+    with nanopatch.patched(bf16=True, **NATIVE):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
+        model.train()
+        out = model(torch.randn(2, 3, 8, 8))
+        assert out.dtype == torch.float32 and len(calls) == 1
+    assert model.forward is custom
+
+
+def test_training_hooks_are_exactly_undone():
+    stock_init = torch.optim.Optimizer.__dict__["__init__"]
+    stock_train = nn.Module.__dict__["train"]
+    nanopatch.patch_torch(**NATIVE)
+    nanopatch.patch_torch(**NATIVE)  # idempotent
+    assert torch.optim.Optimizer.__dict__["__init__"] is not stock_init
+    nanopatch.unpatch_torch()
+    nanopatch.unpatch_torch()
+    assert torch.optim.Optimizer.__dict__["__init__"] is stock_init
+    assert nn.Module.__dict__["train"] is stock_train
+    assert not training._discovery and not training._pending
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
+    def failing_compile(fn, **kwargs):
+        def run(*args, **kw):
+            raise RuntimeError("backend exploded")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    with nanopatch.patched(bf16=True, compile="default", **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+        with pytest.warns(NanopatchWarning, match="torch.compile of Sequential failed"):
+            out, _ = train_steps(model, optimizer, x, y)
+        assert out.dtype == torch.float32
+        assert plan_of(model).compile_mode is False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            train_steps(model, optimizer, x, y, steps=1)  # said once
+
+
+def test_a_models_own_errors_are_raised_as_stock_raises_them():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
+        model.train()
+        with pytest.raises(RuntimeError) as ours:
+            model(torch.randn(2, 5, 8, 8))  # wrong channel count
+    with pytest.raises(RuntimeError) as stock:
+        small_cnn()(torch.randn(2, 5, 8, 8))
+    assert type(ours.value) is type(stock.value)
+    assert not amp.autocast_enabled()
+
+
+def test_real_compile_matches_eager():
+    with nanopatch.patched(bf16=False, compile="default", **NATIVE):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        reference = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        x = torch.randn(4, 8)
+        out = model(x)
+        out.sum().backward()
+        optimizer.step()
+        assert plan_of(model).compiled is not None
+        assert plan_of(model).compile_mode == "default"
+    torch.testing.assert_close(out, nn.Sequential.forward(reference, x), rtol=1e-5, atol=1e-5)
