@@ -22,6 +22,7 @@ A kernel raises ``NotImplementedError`` for an input it cannot reproduce within 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -116,10 +117,152 @@ def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     if out_h == in_h or out_w == in_w:
         return _torch_pass(arr, size)  # a single pass
     if _vertical_first((in_h, in_w), size):
-        mid = _torch_pass(arr, (out_h, in_w))
-    else:
-        mid = _torch_pass(arr, (in_h, out_w))
-    return from_pil(to_pil(mid).resize((out_w, out_h), _PIL_FILTERS[BILINEAR]))
+        return _pillow_pass(_torch_pass(arr, (out_h, in_w)), size, vertical=False)
+    return _pillow_pass(_torch_pass(arr, (in_h, out_w)), size, vertical=True)
+
+
+def _pillow_pass(
+    arr: np.ndarray, size: tuple[int, int], span: tuple[float, float] | None = None, *, vertical: bool
+) -> np.ndarray:
+    """One axis of Pillow's bilinear resize to ``size``, bit-exact: the rows (``vertical``) or
+    the columns; ``size`` keeps the other axis. ``span``: the (start, end) source box along the
+    axis, as ``Image.resize``'s ``box`` takes it (float32 values), else the whole axis.
+
+    A vertical pass mixes rows only, so the (H, W, C) pixels go to Pillow as one "L" image of
+    W * C columns, shared with the array (no conversion to Pillow's 4-byte RGB pixels) and
+    computed with Pillow's single-band loop, which is faster than its RGB one."""
+    from PIL import Image
+
+    in_h, in_w, channels = arr.shape
+    out_h, out_w = size
+    filt = _PIL_FILTERS[BILINEAR]
+    if vertical:
+        arr = np.ascontiguousarray(arr)
+        flat = Image.frombuffer("L", (in_w * channels, in_h), arr, "raw", "L", 0, 1)
+        box = (0, 0, in_w * channels, in_h) if span is None else (0, span[0], in_w * channels, span[1])
+        return np.asarray(flat.resize((in_w * channels, out_h), filt, box)).reshape(out_h, out_w, channels)
+    box = (0, 0, in_w, in_h) if span is None else (span[0], 0, span[1], in_h)
+    return from_pil(to_pil(arr).resize((out_w, out_h), filt, box))
+
+
+def _pillow_coefficients(in_size: int, in0: float, in1: float, out_size: int):
+    """Pillow's bilinear weights for one axis (``precompute_coeffs`` + ``normalize_coeffs_8bpc``
+    in Resample.c, the same double arithmetic in the same order): per output pixel the first
+    source index, the number of taps, and the 22-bit fixed-point weights (out_size, ksize).
+    ``in0``/``in1`` are the box's float32 bounds along the axis."""
+    f32 = np.float32
+    scale = float(f32(f32(in1) - f32(in0))) / out_size
+    filterscale = max(scale, 1.0)
+    support = filterscale  # the bilinear filter's support is 1
+    ksize = math.ceil(support) * 2 + 1
+    center = float(f32(in0)) + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    ss = 1.0 / filterscale
+    xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+    count = np.minimum(np.trunc(center + support + 0.5), in_size).astype(np.int64) - xmin
+    taps = np.arange(ksize)
+    weights = np.abs(((taps[None, :] + xmin[:, None]).astype(np.float64) - center[:, None] + 0.5) * ss)
+    weights = np.where((weights < 1.0) & (taps[None, :] < count[:, None]), 1.0 - weights, 0.0)
+    total = weights[:, 0].copy()
+    for i in range(1, ksize):  # summed in Pillow's order
+        total += weights[:, i]
+    safe = np.where(total != 0.0, total, 1.0)
+    fixed = np.trunc(0.5 + (weights / safe[:, None]) * float(1 << 22)).astype(np.int64)
+    return xmin, count, fixed
+
+
+@functools.lru_cache(maxsize=1024)
+def _second_pass_plan(in_size: int, out_size: int, start: int, length: int):
+    """For Pillow's second pass, along an axis resized ``in_size`` -> ``out_size``, of which only
+    outputs ``[start, start + length)`` are wanted: the source lines ``(first, last)`` they read,
+    and the box (float32 bounds within those lines) for which Pillow computes exactly those
+    outputs with exactly the same weights; None when no such box exists (float32 box bounds
+    shift the filter centres unless they are exact, as when ``out_size`` is a power of two)."""
+    xmin, count, fixed = _pillow_coefficients(in_size, 0.0, float(in_size), out_size)
+    end = start + length
+    first, last = int(xmin[start]), int((xmin[start:end] + count[start:end]).max())
+    scale = in_size / out_size
+    lo = float(np.float32(start * scale - first))
+    hi = float(np.float32(lo + length * scale))
+    if not (0.0 <= lo < hi <= last - first) or not _box_is_pillows():
+        return None
+    sub_min, sub_count, sub_fixed = _pillow_coefficients(last - first, lo, hi, length)
+    if sub_fixed.shape[1] != fixed.shape[1] or not (
+        np.array_equal(sub_min + first, xmin[start:end])
+        and np.array_equal(sub_count, count[start:end])
+        and np.array_equal(sub_fixed, fixed[start:end])
+    ):
+        return None
+    return first, last, (lo, hi)
+
+
+@functools.cache
+def _box_is_pillows() -> bool:
+    """Whether Pillow's resize of a box gives what ``_second_pass_plan`` predicts (the outputs of
+    the whole-axis resize), checked on noise images of a few shapes before it is relied on."""
+    rng = np.random.default_rng(11)
+    for in_size, out_size, start, length in (
+        (375, 256, 16, 224),
+        (500, 256, 16, 224),
+        (300, 128, 5, 100),
+        (100, 160, 7, 50),
+    ):
+        xmin, count, _ = _pillow_coefficients(in_size, 0.0, float(in_size), out_size)
+        end = start + length
+        first, last = int(xmin[start]), int((xmin[start:end] + count[start:end]).max())
+        scale = in_size / out_size
+        lo = float(np.float32(start * scale - first))
+        span = (lo, float(np.float32(lo + length * scale)))
+        pixels = rng.integers(0, 256, (in_size, 7, 3), dtype=np.uint8)
+        whole = _pillow_pass(pixels, (out_size, 7), vertical=True)[start:end]
+        if not np.array_equal(_pillow_pass(pixels[first:last], (length, 7), span, vertical=True), whole):
+            return False
+        across = np.ascontiguousarray(pixels.transpose(1, 0, 2))
+        whole = _pillow_pass(across, (7, out_size), vertical=False)[:, start:end]
+        part = np.ascontiguousarray(across[:, first:last])
+        if not np.array_equal(_pillow_pass(part, (7, length), span, vertical=False), whole):
+            return False
+    return True
+
+
+def resize_crop(
+    arr: np.ndarray, size: Sequence[int], top: int, left: int, height: int, width: int, interpolation=BILINEAR
+) -> np.ndarray:
+    """``crop(resize(arr, size, interpolation), top, left, height, width)``, the same pixels,
+    computing only what the crop keeps where that is exact (a bilinear resize, a box inside the
+    resized image): the first pass only on the source lines the second pass reads for the
+    box, the second pass only on the box's columns (rows), and only for its rows (columns) when
+    a Pillow box gives the very same weights (see ``_second_pass_plan``)."""
+    out_h, out_w = int(size[0]), int(size[1])
+    in_h, in_w = arr.shape[:2]
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    inside = 0 <= top and 0 <= left and top + height <= out_h and left + width <= out_w
+    if (
+        not inside
+        or _mode_value(interpolation) != BILINEAR
+        or arr.shape[2] != 3
+        or min(in_h, in_w, out_h, out_w, height, width) < 2
+        or (out_h, out_w) == (in_h, in_w)
+    ):
+        return crop(resize(arr, (out_h, out_w), interpolation), top, left, height, width)
+    if out_w == in_w:  # one vertical pass: the columns are independent
+        return _torch_pass(arr[:, left : left + width], (out_h, width))[top : top + height]
+    if out_h == in_h:  # one horizontal pass: the rows are independent
+        return _torch_pass(arr[top : top + height], (height, out_w))[:, left : left + width]
+    if _vertical_first((in_h, in_w), (out_h, out_w)):  # torch down the columns, Pillow along the rows
+        plan = _second_pass_plan(in_w, out_w, left, width)
+        if plan is None or plan[1] - plan[0] < 2:
+            mid = _torch_pass(arr, (out_h, in_w))[top : top + height]
+            return _pillow_pass(mid, (height, out_w), vertical=False)[:, left : left + width]
+        first, last, span = plan
+        mid = _torch_pass(arr[:, first:last], (out_h, last - first))[top : top + height]
+        return _pillow_pass(mid, (height, width), span, vertical=False)
+    plan = _second_pass_plan(in_h, out_h, top, height)  # torch along the rows, Pillow down the columns
+    if plan is None or plan[1] - plan[0] < 2:
+        mid = _torch_pass(arr, (in_h, out_w))[:, left : left + width]
+        return _pillow_pass(mid, (out_h, width), vertical=True)[top : top + height]
+    first, last, span = plan
+    mid = _torch_pass(arr[first:last], (last - first, out_w))[:, left : left + width]
+    return _pillow_pass(mid, (height, width), span, vertical=True)
 
 
 def _nearest_positions(in_len: int, out_len: int) -> np.ndarray:

@@ -207,18 +207,42 @@ def warn_antialias_ignored() -> None:
     )
 
 
+def resize_center_crop_pixels(px: Pixels, out, interpolation, crop_size) -> Pixels | None:
+    """``px`` resized to ``out`` (h, w), then centre-cropped to ``crop_size`` (h, w) as
+    ``F.center_crop`` does, resizing only what the crop keeps (the same pixels as the two steps:
+    ``functional.resize_crop``); an undecoded JPEG is decoded DCT-scaled when allowed. None when
+    the steps must run one by one (a crop that pads, a filter nanopatch does not reproduce)."""
+    out_h, out_w = int(out[0]), int(out[1])
+    crop_h, crop_w = int(crop_size[0]), int(crop_size[1])
+    if crop_h > out_h or crop_w > out_w or fn._mode_value(interpolation) not in fn._PIL_FILTERS:
+        return None
+    arr, _, _ = scaled_decode(px, (out_h, out_w))
+    top, left = round((out_h - crop_h) / 2.0), round((out_w - crop_w) / 2.0)
+    try:
+        return px.with_array(fn.resize_crop(arr, (out_h, out_w), top, left, crop_h, crop_w, interpolation))
+    except NotImplementedError:
+        return None
+
+
 @_entry
 class Resize(_Fast, stock_class(_tv, "Resize")):
-    def _nanopatch_run(self, px: Pixels) -> Any:
+    def _output_size(self, px: Pixels) -> list[int] | None:
+        """The (h, w) this step resizes ``px`` to; None when stock's code must run (for a size
+        it rejects, or a (h, w) size with ``max_size``, where stock has its own answer)."""
         size = self.size
         if not (isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) in (1, 2))):
-            return px.with_pil(self._stock_call(px.pil()))  # stock raises, or knows what to do
+            return None
         if isinstance(size, (list, tuple)) and len(size) == 2 and self.max_size is not None:
-            return px.with_pil(self._stock_call(px.pil()))
+            return None
         _, height, width = px.dims()
         requested = [size] if isinstance(size, int) else list(size)
-        out = F._compute_resized_output_size((height, width), requested, self.max_size)
-        if [height, width] == out:
+        return F._compute_resized_output_size((height, width), requested, self.max_size)
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        out = self._output_size(px)
+        if out is None:
+            return px.with_pil(self._stock_call(px.pil()))  # stock raises, or knows what to do
+        if list(px.dims()[1:]) == out:
             return px
         resized = resize_pixels(px, out, self.interpolation)
         if resized is None:  # stock's pixels, errors and warnings
@@ -485,6 +509,26 @@ class RandomChoice(_Fast, stock_class(_tv, "RandomChoice")):
         return run_step(step, px)
 
 
+class ResizeCenterCrop:
+    """A Resize followed by a CenterCrop, as one step that resizes only the part of the image
+    the crop keeps (``resize_center_crop_pixels``); the two steps one by one wherever that
+    does not apply."""
+
+    def __init__(self, resize: Resize, center_crop: CenterCrop) -> None:
+        self.steps = [resize, center_crop]
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        resize, center_crop = self.steps
+        out = resize._output_size(px)
+        if out is not None and list(px.dims()[1:]) != out:
+            done = resize_center_crop_pixels(px, out, resize.interpolation, center_crop.size)
+            if done is not None:
+                if resize.antialias is False and px.domain == "pil":
+                    warn_antialias_ignored()
+                return done
+        return run_steps(self.steps, px)
+
+
 _ConvertImageDtype = stock_class(_tv, "ConvertImageDtype")
 
 
@@ -531,6 +575,8 @@ class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
 
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
         step = steps[i]
+        if type(step) is Resize and i + 1 < len(steps) and type(steps[i + 1]) is CenterCrop:
+            return ResizeCenterCrop(step, steps[i + 1]), 2
         if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
             return FusedToFloat(steps[i : i + 2], arrays=True), 2
         if (
