@@ -174,6 +174,15 @@ _hooked: set[str] = set()  # modules with a post-import hook waiting
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("nanopatch_target", default=None)
 
 
+_on_import_of: contextvars.ContextVar[str | None] = contextvars.ContextVar("nanopatch_import", default=None)
+
+
+def applied_on_import() -> bool:
+    """Whether the target being applied is applied because its module was just imported (so
+    no object of that library can exist yet)."""
+    return _on_import_of.get() is not None
+
+
 def _current_target() -> str:
     name = _current.get()
     if name is None:
@@ -253,9 +262,13 @@ def _on_import(module: ModuleType) -> None:
             _hooked.discard(module.__name__)
             if _active is None:
                 return
-            for target in list(_registry.values()):
-                if target.module == module.__name__:
-                    _sync(target)
+            token = _on_import_of.set(module.__name__)
+            try:
+                for target in list(_registry.values()):
+                    if target.module == module.__name__:
+                        _sync(target)
+            finally:
+                _on_import_of.reset(token)
     except Exception:  # pragma: no cover - defensive
         logger.exception("patching on import of %s failed; left stock", module.__name__)
 
@@ -327,8 +340,8 @@ def _undo_targets(names: Iterable[str]) -> None:
 
 def patch_torch(**options: Any) -> None:
     """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
-    channels_last, ipex, compile, fast_decode. Calling it again with the same options does nothing; with
-    different options the patches are re-applied with the new ones."""
+    bf16_eval, channels_last, ipex, compile, fast_decode. Calling it again with the same options
+    does nothing; with different options the patches are re-applied with the new ones."""
     config = _config.resolve(options)
     with _lock:
         _activate(config)
