@@ -1,0 +1,844 @@
+"""Training-step throughput, stock PyTorch against nanopatch's training patch, side by side.
+
+Times a full training step (``zero_grad``, forward, loss, ``backward``, ``optimizer.step``) as
+an unmodified script writes it, on synthetic data with fixed seeds, for:
+
+* ``resnet18`` / ``resnet50``: torchvision's, batch 32 at 224 px, SGD(momentum 0.9),
+  cross-entropy over 1000 classes: images/s.
+* ``transformer``: a 6-layer ``nn.TransformerEncoder`` language model (embedding + learned
+  positions, d_model 512, 8 heads, feed-forward 2048, batch_first, causal mask, vocabulary
+  8192), batch 8 x 256 tokens, AdamW, next-token cross-entropy: tokens/s.
+
+in these variants, each in its own persistent worker process:
+
+* ``stock``: nanopatch is never imported (checked).
+* ``patched``: ``nanopatch.patch_torch()`` (defaults) before the model and optimizer are built.
+* ``compile``: ``nanopatch.patch_torch(compile="default")``; compile time is reported apart.
+* ``ipex``: ``nanopatch.patch_torch()`` in an interpreter whose environment has
+  intel-extension-for-pytorch built for its torch: this one if it has, or ``--ipex-python``;
+  skipped with a note otherwise.
+* ``ipex-stock`` (not run by default): nothing patched, in the IPEX interpreter, to tell the
+  torch version's share of the ``ipex`` ratio from IPEX's own.
+
+For one model at a time, every variant's worker builds its model and optimizer once and warms
+up (``compile`` gets extra warm-up steps); then in every round the parent asks each worker in
+turn, the order rotated each round, to run ``--steps`` steps and report the time, so only one
+worker computes at a time and machine drift hits every variant alike. Workers use torch's
+default threads (all cores the process may use). A model's workers are shut down before the
+next model's start. A worker that fails is reported as failed, with its error, and the rest go
+on. Prints a Markdown table: the median rate, its spread, the ratio to ``stock`` and, for
+``patched``, the target (printed, never asserted). See bench/README.md.
+
+    PYTHONPATH=. python bench/train_step.py [--quick] [--models resnet18,resnet50,transformer]
+        [--variants stock,patched,compile,ipex] [--rounds 5] [--steps 3] [--warmup 2]
+        [--ipex-python PATH] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: machine facts
+
+import decode as decode_bench
+
+STOCK, PATCHED, COMPILE, IPEX, IPEX_STOCK = "stock", "patched", "compile", "ipex", "ipex-stock"
+VARIANTS = (STOCK, PATCHED, COMPILE, IPEX, IPEX_STOCK)
+DEFAULT_VARIANTS = (STOCK, PATCHED, COMPILE, IPEX)
+#: variant -> patch_torch() keyword arguments; None: nanopatch is not imported at all
+PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
+    STOCK: None,
+    PATCHED: {},
+    COMPILE: {"compile": "default"},
+    IPEX: {},
+    IPEX_STOCK: None,
+}
+IPEX_VARIANTS = (IPEX, IPEX_STOCK)
+MODELS = ("resnet18", "resnet50", "transformer")
+HIDDEN_MODELS = ("tiny",)  # a small CNN, for the test suite
+#: model -> minimum patched/stock ratio, from the issue. Printed, never asserted.
+TARGETS = {"resnet18": 2.5, "resnet50": 2.5, "transformer": 1.8}
+CLASSES = 1000
+VOCAB = 8192
+SEED = 20250
+COMPILE_EXTRA_WARMUP = 3  # torch.compile traces and compiles forward and backward in the first steps
+SETTLE_S = 0.3  # pause before each request: the previous worker's OpenMP threads stop spinning
+#: the sizes: full, and --quick
+SHAPES = {
+    False: {"image_size": 224, "image_batch": 32, "seq": 256, "text_batch": 8},
+    True: {"image_size": 112, "image_batch": 8, "seq": 64, "text_batch": 8},
+}
+DEFAULTS = {False: {"rounds": 5, "steps": 3, "warmup": 2}, True: {"rounds": 3, "steps": 1, "warmup": 1}}
+
+
+def describe(model: str, shape: dict[str, int]) -> str:
+    if model == "transformer":
+        return (
+            f"6-layer nn.TransformerEncoder LM (d_model 512, 8 heads, ff 2048, vocabulary {VOCAB}), batch "
+            f"{shape['text_batch']} x {shape['seq']} tokens, AdamW, next-token cross-entropy"
+        )
+    name = "small CNN (2 convolutions)" if model == "tiny" else f"torchvision {model}"
+    return (
+        f"{name}, batch {shape['image_batch']} at {shape['image_size']} px, SGD(momentum 0.9), "
+        f"cross-entropy over {CLASSES} classes"
+    )
+
+
+def unit(model: str) -> str:
+    return "tokens/s" if model == "transformer" else "img/s"
+
+
+# --- the worker: one variant's training loop -----------------------------------------------
+
+
+class Job:
+    """A model, its optimizer and one synthetic batch, and the training step a script runs."""
+
+    def __init__(self, model_name: str, shape: dict[str, int]) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(SEED)
+        if model_name == "transformer":
+            batch, seq = shape["text_batch"], shape["seq"]
+            self.model = transformer_lm(seq)
+            self.optimizer: Any = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+            tokens = torch.randint(0, VOCAB, (batch, seq + 1))
+            self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            self.samples_per_step = batch * seq
+        else:
+            batch, size = shape["image_batch"], shape["image_size"]
+            if model_name == "tiny":
+                self.model = nn.Sequential(
+                    nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
+                    nn.BatchNorm2d(16),
+                    nn.ReLU(inplace=True),
+                    nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
+                    nn.BatchNorm2d(32),
+                    nn.ReLU(inplace=True),
+                    nn.AdaptiveAvgPool2d(1),
+                    nn.Flatten(),
+                    nn.Linear(32, CLASSES),
+                )
+            else:
+                import torchvision
+
+                self.model = getattr(torchvision.models, model_name)(weights=None, num_classes=CLASSES)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+            self.inputs = torch.randn(batch, 3, size, size)
+            self.targets = torch.randint(0, CLASSES, (batch,))
+            self.samples_per_step = batch
+        self.criterion = nn.CrossEntropyLoss()
+        self.model.train()  # as a script's epoch loop does, after building the optimizer
+
+    def step(self):
+        self.optimizer.zero_grad(set_to_none=True)
+        output = self.model(self.inputs)
+        loss = self.criterion(output.reshape(-1, output.shape[-1]), self.targets.reshape(-1))
+        loss.backward()
+        self.optimizer.step()
+        return output, loss
+
+
+def transformer_lm(seq: int):
+    import torch
+    from torch import nn
+
+    class TransformerLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, 512)
+            self.position = nn.Embedding(seq, 512)
+            layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(512)
+            self.head = nn.Linear(512, VOCAB)
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+        def forward(self, tokens):
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.embed(tokens) + self.position(positions)
+            x = self.encoder(x, mask=self.mask, is_causal=True)
+            return self.head(self.norm(x))
+
+    return TransformerLM()
+
+
+def compute_dtype(model, inputs) -> str | None:
+    """The dtype the first convolution or linear layer computes in (bfloat16 under autocast),
+    from one extra forward pass without gradients on the eager model (a compiled model's
+    ``_orig_mod``), with forward hooks that are removed at once: hooks on the compiled model
+    would make torch.compile recompile. Layers are found by class name, so IPEX's replacements
+    (``_IPEXConv2d``, ``_IPEXLinear``) count too."""
+    import torch
+
+    model = getattr(model, "_orig_mod", model)
+    seen: list[Any] = []
+
+    def hook(module, args, output):
+        if not seen and isinstance(output, torch.Tensor):
+            seen.append(output.dtype)
+
+    def layer(module) -> bool:
+        name = type(module).__name__
+        return ("Conv" in name or "Linear" in name) and next(module.children(), None) is None
+
+    layers = [m for m in model.modules() if layer(m)]
+    handles = [m.register_forward_hook(hook) for m in layers]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return str(seen[0]).replace("torch.", "") if seen else None
+
+
+def observed(job: Job, compute_dtype: str | None, output, loss) -> dict[str, Any]:
+    """What the step really ran, seen from outside the patch."""
+    import torch
+
+    conv = next((m for m in job.model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    channels_last = None
+    if conv is not None:
+        weight = conv.weight
+        channels_last = weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    graphs = None
+    if "torch._dynamo" in sys.modules:
+        try:
+            from torch._dynamo.utils import counters
+
+            graphs = int(counters["stats"]["unique_graphs"])
+        except Exception:  # private API: only informative
+            graphs = None
+    return {
+        "model_class": f"{type(job.model).__module__}.{type(job.model).__qualname__}",
+        "optimizer_class": f"{type(job.optimizer).__module__}.{type(job.optimizer).__qualname__}",
+        "compute_dtype": compute_dtype,
+        "output_dtype": str(output.dtype).replace("torch.", ""),
+        "loss_dtype": str(loss.dtype).replace("torch.", ""),
+        "conv_weight_channels_last": channels_last,
+        "ipex_imported": "intel_extension_for_pytorch" in sys.modules,
+        "dynamo_graphs": graphs,
+    }
+
+
+def rss_mib() -> tuple[float, float]:
+    """(current, peak) resident memory of this process in MiB."""
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Trainer:
+    """The worker's state: built and warmed up by ``setup``, timed by ``run``."""
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+
+    def setup(self, request: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        import torch
+
+        options = request["patch"]
+        if options is None:
+            assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
+        else:
+            import nanopatch
+
+            nanopatch.patch_torch(**options)  # before the model and optimizer are built
+        imported = time.perf_counter()
+        job = self.job = Job(request["model"], request["shape"])
+        built = time.perf_counter()
+        warmup_s = []
+        for _ in range(request["warmup"]):
+            start = time.perf_counter()
+            output, loss = job.step()
+            loss.item()
+            warmup_s.append(time.perf_counter() - start)
+        facts = observed(job, compute_dtype(job.model, job.inputs), output, loss)
+        if options is None:
+            assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
+        reply: dict[str, Any] = {
+            "python": sys.executable,
+            "python_version": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": version_of("torchvision"),
+            "ipex": version_of("intel-extension-for-pytorch"),
+            "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+            "nanopatch_imported": "nanopatch" in sys.modules,
+            "samples_per_step": job.samples_per_step,
+            "import_s": imported - started,
+            "build_s": built - imported,
+            "warmup_step_s": warmup_s,
+            "observed": facts,
+            "peak_rss_mib": rss_mib()[1],
+        }
+        if options is not None:
+            import nanopatch
+
+            status = nanopatch.status()
+            reply["nanopatch"] = {
+                "patch_torch": options,
+                "options": {
+                    name: {"value": entry["value"], "reason": entry["reason"]}
+                    for name, entry in status["options"].items()
+                    if name in ("training", "bf16", "channels_last", "ipex", "compile")
+                },
+                "targets": {name: target["state"] for name, target in status["targets"].items()},
+            }
+        return reply
+
+    def run(self, steps: int) -> dict[str, Any]:
+        assert self.job is not None, "run before setup"
+        gc.collect()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        cpu_start = time.process_time()
+        start = time.perf_counter()
+        for _ in range(steps):
+            _, loss = self.job.step()
+        value = loss.item()
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
+        current, peak = rss_mib()
+        return {
+            "elapsed_s": elapsed,
+            "cpu_s": cpu,
+            "loss": value,
+            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+            "rss_mib": current,
+            "peak_rss_mib": peak,
+        }
+
+
+def version_of(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def worker_main() -> int:
+    """Answer the parent's requests, one JSON line each, until it says exit. Only the answers
+    go to the real stdout; anything else printed (by torch, IPEX, ...) goes to stderr."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    trainer = Trainer()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if request["cmd"] == "exit":
+                return 0
+            reply = trainer.setup(request) if request["cmd"] == "setup" else trainer.run(request["steps"])
+        except BaseException as exc:
+            text = traceback.format_exc()
+            print(text, file=sys.stderr, flush=True)
+            answers.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "traceback": text}) + "\n")
+            return 1
+        answers.write(json.dumps(reply) + "\n")
+    return 0
+
+
+# --- the parent: workers, rounds, report ---------------------------------------------------
+
+
+class WorkerFailed(Exception):
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class Worker:
+    """One variant's persistent process, spoken to in JSON lines over its stdin/stdout."""
+
+    def __init__(self, variant: str, python: str, env: dict[str, str], timeout: float) -> None:
+        self.variant, self.timeout = variant, timeout
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [python, os.path.abspath(__file__), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            text=True,
+        )
+
+    def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps(payload) + "\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+            if not ready:
+                self.proc.kill()
+                raise WorkerFailed(f"no answer within {self.timeout:.0f} s (killed)", self.stderr_tail())
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            raise WorkerFailed(self.exit_reason(), self.stderr_tail())
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise WorkerFailed(f"answered something else than JSON: {line[:200]!r}", self.stderr_tail()) from None
+        if "error" in reply:
+            raise WorkerFailed(reply["error"], reply.get("traceback", ""))
+        return reply
+
+    def exit_reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            reason = f"killed by {name}{hint}"
+        else:
+            reason = f"exited with status {code}"
+        last = [line for line in self.stderr_tail().splitlines() if line.strip()]
+        return f"{reason}: {last[-1].strip()}" if last else reason
+
+    def stderr_tail(self, lines: int = 25) -> str:
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self.stderr.close()
+
+
+def worker_env() -> dict[str, str]:
+    """The workers' environment: no NANOPATCH_* settings from outside (a variant is what its
+    patch_torch() arguments say), and this checkout's nanopatch importable in every interpreter."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nanopatch")
+    assert spec is not None and spec.origin is not None
+    package_parent = str(Path(spec.origin).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOPATCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def ipex_interpreter(given: str | None, env: dict[str, str]) -> tuple[str | None, str]:
+    """(python, why) for the ipex variants: ``given`` or else this interpreter, if its IPEX
+    matches its torch (nanopatch's own check, from package metadata: importing a mismatched
+    IPEX ends the interpreter); (None, why not) otherwise."""
+    python = given or sys.executable
+    code = "import json; from nanopatch.config import ipex_compatibility as c; print(json.dumps(c()))"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        ok, why = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return None, f"could not ask {python} about IPEX: {exc}"
+    if ok:
+        return python, why
+    hint = "" if given else "; give an interpreter that has it with --ipex-python PATH"
+    return None, f"{python}: {why}{hint}"
+
+
+def failed(error: str, detail: str = "") -> dict[str, Any]:
+    return {"status": "failed", "error": error, "detail": detail, "samples": []}
+
+
+def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped: dict[str, str], args, env, log):
+    """Start every variant's worker for ``model`` (one after another), then run the rounds.
+    ``pythons``: variant -> interpreter; ``skipped``: variant -> why it does not run."""
+    shape = SHAPES[args.quick]
+    started = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+    workers: dict[str, Worker] = {}
+    rounds: list[dict[str, Any]] = []
+    try:
+        for variant in variants:
+            if variant in skipped:
+                results[variant] = {"status": "skipped", "error": skipped[variant], "samples": []}
+                continue
+            python = pythons[variant]
+            warmup = args.warmup + (COMPILE_EXTRA_WARMUP if variant == COMPILE else 0)
+            log(f"{model}: starting {variant} ({python}), {warmup} warm-up step(s)")
+            worker = Worker(variant, python, env, args.timeout)
+            request = {"cmd": "setup", "model": model, "shape": shape, "warmup": warmup}
+            try:
+                setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
+            except WorkerFailed as exc:
+                log(f"{model}: {variant} failed: {exc}")
+                results[variant] = failed(str(exc), exc.detail)
+                worker.close()
+                continue
+            workers[variant] = worker
+            results[variant] = {"status": "ok", "setup": setup, "samples": []}
+        for index in range(args.rounds):
+            live = [v for v in variants if v in workers]
+            if not live:
+                break
+            order = live[index % len(live) :] + live[: index % len(live)]
+            rounds.append({"order": order, "loadavg": decode_bench.load_average()})
+            log(f"{model}: round {index + 1}/{args.rounds}: {', '.join(order)}")
+            for variant in order:
+                time.sleep(SETTLE_S)
+                try:
+                    sample = workers[variant].request({"cmd": "run", "steps": args.steps})
+                except WorkerFailed as exc:
+                    log(f"{model}: {variant} failed: {exc}")
+                    done = results[variant]["samples"]
+                    results[variant] = {**failed(str(exc), exc.detail), "setup": results[variant]["setup"]}
+                    results[variant]["samples_before_failure"] = done
+                    workers.pop(variant).close()
+                    continue
+                sample["round"] = index
+                results[variant]["samples"].append(sample)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    summary = summarise(model, results, args.steps)
+    return {
+        "description": describe(model, shape),
+        "unit": unit(model),
+        "shape": shape,
+        "rounds": rounds,
+        "variants": summary,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> dict[str, dict[str, Any]]:
+    """Medians, spreads and ratios to stock, per variant."""
+    for variant, result in results.items():
+        if result["status"] != "ok":
+            continue
+        per_step = result["setup"]["samples_per_step"]
+        samples = result["samples"]
+        rates = [steps * per_step / s["elapsed_s"] for s in samples]
+        threads = result["setup"]["threads"]
+        median = statistics.median(rates)
+        quartiles = statistics.quantiles(rates, n=4) if len(rates) > 1 else [median] * 3
+        step_s = statistics.median(s["elapsed_s"] / steps for s in samples)
+        warmup = result["setup"]["warmup_step_s"]
+        result.update(
+            {
+                "rates": rates,
+                "median": median,
+                "min": min(rates),
+                "max": max(rates),
+                "iqr_pct": (quartiles[2] - quartiles[0]) / median * 100,
+                "cpu_share": statistics.median(s["cpu_s"] / s["elapsed_s"] / threads for s in samples),
+                "step_s": step_s,
+                "first_step_s": warmup[0] if warmup else None,
+                # warm-up time beyond what as many steady steps take: compile time for `compile`
+                "warmup_extra_s": sum(warmup) - len(warmup) * step_s,
+                "peak_rss_mib": max(s["peak_rss_mib"] for s in samples),
+            }
+        )
+        if variant == COMPILE:
+            result["compile_s"] = result["warmup_extra_s"]
+    stock = results.get(STOCK, {})
+    for variant, result in results.items():
+        result["target_x_stock"] = TARGETS.get(model) if variant == PATCHED else None
+        if result["status"] != "ok" or stock.get("status") != "ok":
+            continue
+        result["x_stock"] = result["median"] / stock["median"]
+        by_round = {s["round"]: r for s, r in zip(stock["samples"], stock["rates"], strict=True)}
+        result["x_stock_per_round"] = [
+            r / by_round[s["round"]]
+            for s, r in zip(result["samples"], result["rates"], strict=True)
+            if s["round"] in by_round
+        ]
+        if result["target_x_stock"] is not None:
+            result["met"] = result["x_stock"] >= result["target_x_stock"]
+    return results
+
+
+def ran_as(setup: dict[str, Any]) -> str:
+    """A short account of what a variant's step really ran."""
+    seen = setup["observed"]
+    parts = [f"torch {setup['torch'].split('+')[0]}", f"{seen['compute_dtype'] or '?'} compute"]
+    if seen["conv_weight_channels_last"] is not None:
+        parts.append("channels-last" if seen["conv_weight_channels_last"] else "NCHW")
+    if seen["ipex_imported"]:
+        parts.append(f"IPEX {setup['ipex']}")
+    if seen["dynamo_graphs"]:
+        parts.append(f"compiled ({seen['dynamo_graphs']} graphs)")
+    parts.append(f"{seen['loss_dtype']} loss")
+    return ", ".join(parts)
+
+
+def notes_for(model_result: dict[str, Any]) -> list[str]:
+    ok = {v: r for v, r in model_result["variants"].items() if r["status"] == "ok"}
+    notes = []
+    stock_code = [
+        v for v, r in ok.items() if "nanopatch" in r["setup"] and "training" not in r["setup"]["nanopatch"]["targets"]
+    ]
+    if stock_code:
+        notes.append(
+            f"{', '.join(f'`{v}`' for v in stock_code)}: this nanopatch has no training patch yet (status() lists "
+            "no `training` target), so the step ran stock code"
+        )
+    for variant, result in ok.items():
+        state = result["setup"].get("nanopatch", {}).get("targets", {}).get("training", "patched")
+        if state != "patched":
+            notes.append(f"`{variant}`: nanopatch's training target is {state}")
+        if result["setup"]["observed"]["loss_dtype"] != "float32":
+            notes.append(f"`{variant}`: the loss was computed in {result['setup']['observed']['loss_dtype']}")
+    busy = [f"`{v}` {r['cpu_share'] * 100:.0f}%" for v, r in ok.items() if r["cpu_share"] < 0.9]
+    if busy:
+        notes.append(
+            f"CPU below 90% ({', '.join(busy)}): other processes were taking the cores, so these rates are suspect"
+        )
+    return notes
+
+
+def fmt(value: float) -> str:
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def print_markdown(report: dict[str, Any]) -> None:
+    machine = report["machine"]
+    facts = machine["host_facts"]
+    print("## Training step: stock against nanopatch\n")
+    print(
+        f"- CPU: {facts['model_name'] or machine['cpu']} ({facts['logical_cpus']} logical CPUs, "
+        f"{facts['physical_cores']} physical cores allowed, usable {facts['usable_cores']}); flags: "
+        f"{' '.join(facts['flags']) or '-'}; native bf16: {'yes' if facts['native_bf16'] else 'no'}, "
+        f"AMX: {'yes' if facts['amx'] else 'no'}; memory {machine['mem_total_gib']:.0f} GiB"
+    )
+    for python, info in report["interpreters"].items():
+        print(
+            f"- `{python}` ({', '.join(info['variants'])}): Python {info['python_version']}, torch {info['torch']}, "
+            f"torchvision {info['torchvision']}, IPEX {info['ipex'] or '-'}; threads: {info['threads']} intra-op "
+            f"(torch's default), {info['interop_threads']} inter-op, affinity CPUs "
+            f"{','.join(map(str, info['affinity']))}, OMP_NUM_THREADS {info['omp_num_threads_env'] or 'unset'}"
+        )
+    print(
+        f"- {report['rounds']} rounds x {report['steps']} steps per variant, order rotated each round, one worker "
+        f"computing at a time; warm-up {report['warmup']} steps (+{COMPILE_EXTRA_WARMUP} for compile)"
+        f"{'; --quick sizes' if report['quick'] else ''}; 1-min load average at start {machine['loadavg_start']}"
+    )
+    for model, result in report["models"].items():
+        print(f"\n### {model}: {result['description']} ({result['unit']})\n")
+        print(
+            f"| variant | {result['unit']} | min-max | IQR | CPU | x stock | per round | target | met "
+            "| first step s | warm-up extra s | peak RSS MiB | ran as |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+        for variant, row in result["variants"].items():
+            if row["status"] != "ok":
+                error = " ".join(row["error"].split()).replace("|", "/")
+                print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  |  | {error} |")
+                continue
+            target = row["target_x_stock"]
+            per_round = row.get("x_stock_per_round") or []
+            spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round and variant != STOCK else ""
+            cells = [
+                variant,
+                fmt(row["median"]),
+                f"{fmt(row['min'])}-{fmt(row['max'])}",
+                f"{row['iqr_pct']:.0f}%",
+                f"{row['cpu_share'] * 100:.0f}%",
+                f"{row['x_stock']:.2f}x" if "x_stock" in row else "",
+                spread,
+                f">={target:g}x" if target is not None else "",
+                ("yes" if row["met"] else "no") if "met" in row else "",
+                f"{row['first_step_s']:.1f}" if row["first_step_s"] is not None else "",
+                f"{max(0.0, row['warmup_extra_s']):.1f}",
+                f"{row['peak_rss_mib']:.0f}",
+                ran_as(row["setup"]),
+            ]
+            print("| " + " | ".join(cells) + " |")
+        notes = notes_for(result)
+        if notes:
+            print()
+            for note in notes:
+                print(f"- {note}")
+    print(
+        "\nRates: median over the rounds of (steps x samples per step / wall time of the steps). min-max and IQR "
+        "(interquartile range / median): the spread of those samples. CPU: the worker's CPU time / (wall time x "
+        "its threads); well below 100%, other processes shared the cores. x stock: ratio of the medians; per "
+        "round: the range of the ratio to stock's sample of the same round. Warm-up extra: warm-up time beyond "
+        "as many steady steps (for compile: the compile time). Targets are printed, never asserted."
+    )
+    for note in report["notes"]:
+        print(f"\nNote: {note}")
+    print(f"\nRun took {report['seconds']:.0f} s.")
+
+
+def machine_facts() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    from nanopatch import cpu
+
+    mem_total = 0.0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_total = int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return {
+        "cpu": decode_bench.cpu_model(),
+        "host_facts": cpu.host_facts().as_dict(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "torchvision": version("torchvision"),
+        "mem_total_gib": mem_total,
+        "loadavg_start": decode_bench.load_average(),
+    }
+
+
+def interpreters(models: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per interpreter, what its workers reported about themselves (first report wins)."""
+    out: dict[str, dict[str, Any]] = {}
+    keys = ("python_version", "torch", "torchvision", "ipex", "threads", "interop_threads", "affinity")
+    for result in models.values():
+        for variant, row in result["variants"].items():
+            if "setup" not in row:
+                continue
+            setup = row["setup"]
+            entry = out.setdefault(setup["python"], {"variants": [], **{k: setup[k] for k in keys}})
+            entry["omp_num_threads_env"] = setup["omp_num_threads_env"]
+            if variant not in entry["variants"]:
+                entry["variants"].append(variant)
+    return out
+
+
+def parse_list(text: str, known: tuple[str, ...], option: str, parser) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        shown = [k for k in known if k not in HIDDEN_MODELS]
+        parser.error(f"{option}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(shown)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: %(default)s)")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: %(default)s)",
+    )
+    parser.add_argument("--rounds", type=int, help="timed rounds (default 5; 3 with --quick)")
+    parser.add_argument("--steps", type=int, help="training steps per variant and round (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help=f"untimed steps after building (default 2; 1 with --quick); compile gets {COMPILE_EXTRA_WARMUP} more",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes to check that it works: 112 px, image batch 8, 64 tokens; 3 rounds of 1 step",
+    )
+    parser.add_argument(
+        "--ipex-python",
+        help="interpreter for the ipex variants, whose environment has intel-extension-for-pytorch matching its "
+        "torch (default: this one, if it has)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600, help="seconds a worker may take to answer (default %(default)s)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: one variant's process
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main()
+    models = parse_list(args.models, MODELS + HIDDEN_MODELS, "--models", parser)
+    variants = parse_list(args.variants, VARIANTS, "--variants", parser)
+    for name, value in DEFAULTS[args.quick].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if min(args.rounds, args.steps, args.warmup) < 1:
+        parser.error("--rounds, --steps and --warmup must be >= 1")
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    env = worker_env()
+    machine = machine_facts()
+    pythons = {v: sys.executable for v in variants if v not in IPEX_VARIANTS}
+    skipped: dict[str, str] = {}
+    notes = []
+    if any(v in IPEX_VARIANTS for v in variants):
+        ipex_python, why = ipex_interpreter(args.ipex_python, env)
+        if ipex_python is None:
+            skipped = {v: f"skipped: {why}" for v in variants if v in IPEX_VARIANTS}
+            notes.append(f"the ipex variants are skipped: {why}.")
+            log(f"ipex variants skipped: {why}")
+        else:
+            pythons.update({v: ipex_python for v in variants if v in IPEX_VARIANTS})
+            if ipex_python == sys.executable:
+                if IPEX in variants and PATCHED in variants:
+                    notes.append("`ipex` ran in the same interpreter as `patched`: both are patch_torch() defaults.")
+            elif IPEX in variants:
+                share = "`ipex-stock` shows that share" if IPEX_STOCK in variants else "add `ipex-stock` to see it"
+                notes.append(
+                    f"`ipex` runs in {ipex_python} ({why}): its ratio to stock includes the difference between "
+                    f"the two interpreters' torch ({share})."
+                )
+    results = {}
+    for model in models:
+        results[model] = run_model(model, variants, pythons, skipped, args, env, log)
+    report = {
+        "benchmark": "train_step",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "compile_extra_warmup": COMPILE_EXTRA_WARMUP,
+        "seed": SEED,
+        "machine": machine,
+        "interpreters": interpreters(results),
+        "variant_options": {v: PATCH_OPTIONS[v] for v in variants},
+        "models": results,
+        "notes": notes,
+        "seconds": time.perf_counter() - started,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print_markdown(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
