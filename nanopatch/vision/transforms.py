@@ -89,6 +89,8 @@ def run_step(step: Any, value: Any) -> Any:
         if run is not None:
             return run(value)
         return step(value.output())
+    if not callable(step):  # a plan step fused from several, after a stock step: them one by one
+        return run_steps(step.steps, value)
     return step(value)
 
 
