@@ -177,6 +177,23 @@ def physical_cores(processors: list[dict[str, str]], cpus: Iterable[int] | None 
     return max(1, len(cores))
 
 
+def core_groups(processors: list[dict[str, str]], cpus: Iterable[int]) -> tuple[tuple[int, ...], ...]:
+    """The logical CPUs ``cpus`` grouped by physical core (hyperthread siblings together),
+    ordered by socket, then by each core's first CPU. A CPU cpuinfo does not describe, or
+    one without a ``core id``, is a core of its own."""
+    described = {_proc_number(p): p for p in processors}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for number in sorted(set(cpus)):
+        proc = described.get(number)
+        if proc is not None and "core id" in proc:
+            key = (proc.get("physical id", "0"), proc["core id"])
+        else:
+            key = ("", f"cpu{number}")
+        groups.setdefault(key, []).append(number)
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0].rjust(8), item[1][0]))
+    return tuple(tuple(members) for _, members in ordered)
+
+
 def _proc_number(proc: dict[str, str]) -> int | None:
     try:
         return int(proc.get("processor", ""))
@@ -349,6 +366,7 @@ class CpuFacts:
     physical_cores: int  # physical cores among allowed cpus
     cpu_quota: float | None  # cgroup quota in CPUs, None = unlimited/unknown
     usable_cores: int  # what OMP_NUM_THREADS should be
+    cores: tuple[tuple[int, ...], ...]  # allowed logical CPUs grouped by physical core
     avx2: bool
     avx512: bool
     native_bf16: bool
@@ -360,6 +378,7 @@ class CpuFacts:
         d = dataclasses.asdict(self)
         d["flags"] = sorted(self.flags & INTERESTING_FLAGS)
         d["allowed_cpus"] = list(self.allowed_cpus)
+        d["cores"] = [list(core) for core in self.cores]
         return d
 
 
@@ -391,6 +410,7 @@ def facts(
         physical_cores=physical,
         cpu_quota=quota,
         usable_cores=usable_cores(physical, quota),
+        cores=core_groups(processors, allowed_t),
         avx2="avx2" in flags,
         avx512=has_avx512(flags),
         native_bf16=has_native_bf16(flags),

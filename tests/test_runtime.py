@@ -1,0 +1,164 @@
+"""Runtime tuning: threads, OpenMP affinity and allocator worked out for fixture CPUs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nanopatch import cpu, runtime
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cpu"
+
+
+def big_xeon_cpuinfo(path: Path) -> Path:
+    """A 2-socket, 56-core, 112-thread Sapphire Rapids: cpus 0-27 socket 0, 28-55 socket 1,
+    56-111 their hyperthread siblings in the same order (the kernel's numbering)."""
+    block = (FIXTURES / "xeon_spr_2s_ht.cpuinfo").read_text().split("\n\n")[0]
+    blocks = []
+    for number in range(112):
+        core = number % 56
+        socket, core_id = divmod(core, 28)
+        text = re.sub(r"^processor\t: \d+", f"processor\t: {number}", block, flags=re.M)
+        text = re.sub(r"^physical id\t: \d+", f"physical id\t: {socket}", text, flags=re.M)
+        text = re.sub(r"^core id\t\t: \d+", f"core id\t\t: {core_id}", text, flags=re.M)
+        blocks.append(text)
+    path.write_text("\n\n".join(blocks) + "\n\n")
+    return path
+
+
+def facts(tmp_path, name="epyc_zen4_2c_vm.cpuinfo", allowed=(0, 1), quota=None, cpuinfo=None):
+    root = tmp_path / "cgroup"
+    root.mkdir(exist_ok=True)
+    if quota is not None:
+        (root / "cpu.max").write_text(f"{int(quota * 100000)} 100000\n")
+    proc = tmp_path / "self_cgroup"
+    proc.write_text("0::/\n")
+    return cpu.facts(str(cpuinfo or FIXTURES / name), str(proc), str(root), allowed=allowed)
+
+
+def no_allocator(name):
+    return None
+
+
+def setting(plan, name):
+    return next(s for s in plan.settings if s.name == name)
+
+
+def test_two_core_vm(tmp_path):
+    p = runtime.plan(facts(tmp_path), {}, "gnu", finder=no_allocator)
+    assert p.changes() == {"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY": "0,1"}
+    assert p.threads == 2 and p.cpus == (0, 1) and not p.needs_reexec
+    assert "no jemalloc or tcmalloc" in setting(p, "LD_PRELOAD").reason
+
+
+def test_56_cores_on_2_sockets_with_hyperthreads(tmp_path):
+    info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
+    f = facts(tmp_path, cpuinfo=info, allowed=range(112))
+    assert f.physical_cores == 56 and len(f.cores) == 56 and f.cores[0] == (0, 56)
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
+    assert p.changes()["OMP_NUM_THREADS"] == "56"
+    assert p.changes()["GOMP_CPU_AFFINITY"] == ",".join(str(c) for c in range(56))  # no HT siblings
+    intel = runtime.plan(f, {}, "intel", finder=no_allocator)
+    assert intel.changes() == {
+        "OMP_NUM_THREADS": "56",
+        "KMP_AFFINITY": runtime.KMP_AFFINITY,
+        "KMP_BLOCKTIME": "1",
+    }
+    # one process's share: the second socket's cores
+    half = runtime.plan(f, {}, "gnu", cpus=list(range(28, 56)) + list(range(84, 112)), finder=no_allocator)
+    assert half.changes()["OMP_NUM_THREADS"] == "28" and half.cpus == tuple(range(28, 56))
+
+
+def test_cgroup_quota_of_3_5_cpus(tmp_path):
+    info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
+    f = facts(tmp_path, cpuinfo=info, allowed=range(112), quota=3.5)
+    assert f.cpu_quota == 3.5
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
+    assert p.changes() == {"OMP_NUM_THREADS": "3"}  # rounded down, and not pinned
+    assert "quota of 3.5" in setting(p, "OMP_NUM_THREADS").reason
+    assert p.cpus == () and "not pinned" in setting(p, "GOMP_CPU_AFFINITY").reason
+
+
+def test_affinity_mask_0_2_4(tmp_path):
+    f = facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 2, 4))
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
+    assert p.changes() == {"OMP_NUM_THREADS": "3", "GOMP_CPU_AFFINITY": "0,2,4"}
+    # 0 and 8 are siblings on that machine: one core, one thread
+    siblings = runtime.plan(
+        facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 8)), {}, "gnu", finder=no_allocator
+    )
+    assert siblings.changes() == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "0"}
+
+
+def test_values_the_user_set_are_kept_and_reported(tmp_path):
+    env = {"OMP_NUM_THREADS": "7", "GOMP_CPU_AFFINITY": "1", "MALLOC_CONF": "narenas:1"}
+    p = runtime.plan(facts(tmp_path), env, "gnu", finder=lambda name: "/opt/lib/libjemalloc.so.2")
+    assert setting(p, "OMP_NUM_THREADS").kept == "7" and "set by you" in setting(p, "OMP_NUM_THREADS").reason
+    assert "OMP_NUM_THREADS" not in p.changes() and "GOMP_CPU_AFFINITY" not in p.changes()
+    assert "MALLOC_CONF" not in p.changes() and setting(p, "MALLOC_CONF").kept == "narenas:1"
+    assert p.changes()["LD_PRELOAD"] == "/opt/lib/libjemalloc.so.2"
+
+
+def test_allocator_is_appended_to_ld_preload_never_replacing_it(tmp_path):
+    env = {"LD_PRELOAD": "/usr/lib/libmine.so"}
+    p = runtime.plan(facts(tmp_path), env, "gnu", finder=lambda name: f"/lib/lib{name}.so")
+    assert p.changes()["LD_PRELOAD"] == "/usr/lib/libmine.so:/lib/libjemalloc.so"
+    assert p.changes()["MALLOC_CONF"] == runtime.JEMALLOC_CONF
+    assert p.needs_reexec and p.allocator == "/lib/libjemalloc.so"
+    again = runtime.plan(
+        facts(tmp_path), {"LD_PRELOAD": p.changes()["LD_PRELOAD"]}, "gnu", finder=lambda n: f"/lib/lib{n}.so"
+    )
+    assert "LD_PRELOAD" not in again.changes() and not again.needs_reexec  # once, not twice
+
+
+@pytest.mark.parametrize(
+    ("choice", "libraries", "expected"),
+    [
+        ("auto", {"jemalloc": "/j.so", "tcmalloc": "/t.so"}, "/j.so"),
+        ("auto", {"tcmalloc": "/t.so"}, "/t.so"),
+        ("tcmalloc", {"jemalloc": "/j.so", "tcmalloc": "/t.so"}, "/t.so"),
+        ("jemalloc", {"tcmalloc": "/t.so"}, None),
+        ("default", {"jemalloc": "/j.so"}, None),
+    ],
+)
+def test_allocator_choice(tmp_path, choice, libraries, expected):
+    p = runtime.plan(facts(tmp_path), {}, "gnu", allocator=choice, finder=libraries.get)
+    assert p.allocator == expected
+    assert ("MALLOC_CONF" in p.changes()) == (expected == "/j.so")
+
+
+def test_bad_allocator_name(tmp_path):
+    with pytest.raises(ValueError, match="allocator 'mimalloc'"):
+        runtime.plan(facts(tmp_path), {}, "gnu", allocator="mimalloc", finder=no_allocator)
+
+
+def test_allocator_lookup_in_folders_and_the_linker_cache(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    assert runtime.find_allocator("tcmalloc", [str(tmp_path / "lib")], cache={}) == str(
+        tmp_path / "lib" / "libtcmalloc_minimal.so.4"
+    )
+    assert runtime.find_allocator("jemalloc", [str(tmp_path / "lib")], cache={}) is None
+    cache = {"libjemalloc.so.2": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
+    assert runtime.find_allocator("jemalloc", [str(tmp_path / "lib")], cache=cache) == cache["libjemalloc.so.2"]
+
+
+def test_openmp_runtime_of_the_installed_torch(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libgomp-a34b3233.so.1").write_bytes(b"")
+    assert runtime.openmp_runtime({}, [str(lib)]) == "gnu"
+    assert runtime.openmp_runtime({"LD_PRELOAD": "/opt/intel/libiomp5.so"}, [str(lib)]) == "intel"
+    (lib / "libiomp5.so").write_bytes(b"")
+    assert runtime.openmp_runtime({}, [str(lib)]) == "intel"
+    # this machine's torch: PyPI's Linux wheel ships GNU OpenMP
+    assert runtime.openmp_runtime({}, runtime.torch_library_dirs()) in ("gnu", "intel", "llvm")
+
+
+def test_plan_report_is_readable(tmp_path):
+    p = runtime.plan(facts(tmp_path), {"OMP_NUM_THREADS": "4"}, "gnu", finder=lambda n: "/lib/libjemalloc.so.2")
+    text = runtime.format_plan(p)
+    assert "OMP_NUM_THREADS=4  # set by you: kept" in text and "re-executed once" in text
+    assert p.as_dict()["needs_reexec"] is True
