@@ -73,7 +73,7 @@ def _cast(value: Any, dtype: torch.dtype, depth: int) -> Any:
         return _cast_attributes(value, dtype, depth, [f.name for f in dataclasses.fields(value)])
     if hasattr(value, "__dict__") and not callable(value) and not isinstance(value, type):
         return _cast_attributes(value, dtype, depth, list(vars(value)))
-    if getattr(value, "__module__", "").startswith("numpy") or type(value).__module__ == "numpy":
+    if kind.__module__.split(".")[0] == "numpy":
         return value  # numpy arrays and scalars hold no torch tensor
     raise Uncastable(kind)
 

@@ -417,13 +417,20 @@ def _uninstall(module: nn.Module, plan: Plan) -> None:
 # --- the hooks ------------------------------------------------------------------------
 
 
-def _optimizer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    depth = _tls("opt_depth", 0)
-    _local.opt_depth = depth + 1
+def _call_counting_depth(counter: str, wrapped: Any, args: tuple, kwargs: dict) -> tuple[Any, int]:
+    """Call ``wrapped``; returns its result and how deep this call was nested in calls of the
+    same wrapper on this thread (0 for the outermost: ``.train()`` recurses into children,
+    an optimizer subclass's ``__init__`` may build another)."""
+    depth = _tls(counter, 0)
+    setattr(_local, counter, depth + 1)
     try:
-        result = wrapped(*args, **kwargs)
+        return wrapped(*args, **kwargs), depth
     finally:
-        _local.opt_depth = depth
+        setattr(_local, counter, depth)
+
+
+def _optimizer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result, depth = _call_counting_depth("opt_depth", wrapped, args, kwargs)
     if depth == 0 and not _tls("busy", 0) and isinstance(instance, torch.optim.Optimizer):
         try:
             with _lock:
@@ -434,12 +441,7 @@ def _optimizer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
 
 
 def _module_train(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    depth = _tls("train_depth", 0)
-    _local.train_depth = depth + 1
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        _local.train_depth = depth
+    result, depth = _call_counting_depth("train_depth", wrapped, args, kwargs)
     mode = args[0] if args else kwargs.get("mode", True)
     if depth == 0 and mode and not _tls("busy", 0) and _pending:
         try:
