@@ -1,0 +1,87 @@
+"""bench/multi_instance.py runs end to end: the hidden tiny model at 32 px, batch 4, one round of
+every variant (plain python, the runner untuned and tuned, and --nproc 2), and the JSON rows have
+the shape bench/run.py reads, with what each variant really ran with."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from nanopatch import cpu
+
+from conftest import REPO_ROOT, run_python
+
+NAMES = ["stock", "patched, untuned", "patched, tuned", "patched, --nproc 2"]
+
+
+def load_run_module():
+    spec = importlib.util.spec_from_file_location("nanopatch_bench_run_mi", REPO_ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_run_of_every_variant(tmp_path):
+    out = tmp_path / "mi.json"
+    script = str(REPO_ROOT / "bench" / "multi_instance.py")
+    tiny = ["--model", "tiny", "--image-size", "32", "--batch", "4", "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round 1/1" in proc.stderr
+    for name in NAMES:
+        assert f"| {name} |" in proc.stdout, proc.stdout
+    assert "--nproc 2 vs one process on all cores" in proc.stdout
+    assert "tuned vs untuned single process" in proc.stdout
+
+    report = json.loads(out.read_text())
+    machine = report["machine"]
+    assert machine["model_name"] is not None and isinstance(machine["flags"], list) and machine["physical_cores"] >= 1
+    assert "multi_instance.py" in report["command"] and "--json" in report["command"]
+    assert [r["variant"] for r in report["rows"]] == NAMES
+    assert report["round_orders"] == [{"order": NAMES}]
+
+    rows = {r["variant"]: r for r in report["rows"]}
+    stock_rate = rows["stock"]["rate"]
+    for row in report["rows"]:
+        assert row["group"] == "tiny" and row["unit"] == "img/s" and row["baseline"] == "stock"
+        assert row["rate"] > 0, row.get("error")
+        assert row["ratio"] == pytest.approx(row["rate"] / stock_rate)
+        assert row["spread"] == [row["rate"], row["rate"]]  # one round
+        details = row["details"]
+        assert details["problems"] == [], (row["variant"], details["problems"])
+        assert all(t >= 1 for t in details["threads"]) and details["affinity"]
+        assert details["nanopatch_imported"] == [row["variant"] != "stock"] * details["processes"]
+    assert rows["stock"]["ratio"] == 1.0
+
+    single = [rows[n]["details"] for n in NAMES[:3]]
+    for details in single:
+        assert details["processes"] == 1 and details["world_size"] == [1] and details["ddp"] == [False]
+        assert details["loader_batches"] == [8]
+    assert single[0]["env"][0]["OMP_NUM_THREADS"] is None  # the caller's settings do not leak in
+    assert single[1]["env"][0]["LD_PRELOAD"] is None and single[1]["jemalloc"] == [False]  # --no-tune
+    assert single[2]["env"][0]["OMP_NUM_THREADS"] == str(machine["usable_cores"])  # tuned
+
+    nproc = rows["patched, --nproc 2"]["details"]
+    assert nproc["processes"] == 2 and nproc["world_size"] == [2, 2] and nproc["backend"] == "gloo"
+    assert nproc["ddp"] == [True, True] and nproc["loader_batches"] == [4, 4]  # sharded: half each
+    assert nproc["ranks_saw_different_data"] and nproc["ranks_in_sync"]
+    if cpu.host_facts().physical_cores >= 2:
+        assert nproc["disjoint_affinity"], nproc["affinity"]
+        assert nproc["threads"] == [nproc["threads"][0]] * 2 and nproc["threads"][0] <= single[2]["threads"][0]
+
+    labels = {c["label"].split(" (")[0]: c for c in report["comparisons"]}
+    assert labels["--nproc 2 vs one process on all cores"]["ratio"] == pytest.approx(
+        rows["patched, --nproc 2"]["rate"] / rows["patched, tuned"]["rate"]
+    )
+    assert labels["tuned vs untuned single process"]["ratio"] == pytest.approx(
+        rows["patched, tuned"]["rate"] / rows["patched, untuned"]["rate"]
+    )
+
+    # what bench/run.py makes of it
+    adapted = load_run_module().adapt_multi_instance(report)
+    assert [(r["variant"], r["stock"]) for r in adapted] == [(n, n == "stock") for n in NAMES]
+    assert all(r["rate"] > 0 and r["ratio_to_stock"] is not None for r in adapted)
