@@ -1,0 +1,1108 @@
+"""Every benchmark in one command: runs them, then writes a JSON record, a Markdown summary and charts.
+
+Runs the benches in bench/ one after another, each as its own subprocess that times stock against
+nanopatch side by side exactly as it does when run alone (this script times nothing itself), with
+a progress bar over the benches. Each bench's output goes to a log file beside the results; a
+bench that fails is recorded as failed, with the tail of its log, and the others go on (the exit
+code is then 1). Each bench's JSON is normalised by a small adapter into common rows
+(bench, group = pipeline and size or model, variant, rate, unit, ratio to stock) and written,
+with the machine (from ``python -m nanopatch --info --json``), the versions, the git commit and
+the command, to ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``,
+one table per bench) and one PNG chart per bench (the speed-up over stock per pipeline or model).
+
+    PYTHONPATH=. python bench/run.py [--quick] [--only decode,transforms,train_step,import_cost,multi_instance]
+                                     [--ipex-python PATH] [--out bench/results] [--timeout SECONDS] [--readme]
+    PYTHONPATH=. python bench/run.py --render bench/results/<file>.json [--readme]
+
+``--quick`` runs every bench's quick mode (and 5 rounds of import_cost): a few minutes on 2 cores, to
+check that everything works, not to quote. ``--render`` rewrites the Markdown and the charts from
+an existing JSON without running anything; ``--readme`` prints a compact Markdown table for the
+project README (one row per bench and pipeline or model: stock's rate and nanopatch's speed-ups).
+Ratios are always speed-ups: above 1.00x is faster than stock (for import_cost, stock's start-up
+time over the variant's). Needs matplotlib for the charts (left out, with a note, without it)
+and uses tqdm for the progress bar when it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+SCHEMA = 1
+LOG_TAIL_LINES = 40
+#: CPU time / (wall time x threads) below which a bench's sample shared its cores (as train_step.py's note)
+BUSY_CPU_SHARE = 0.9
+SUSPECT_MARK = "\u2020"  # dagger
+IMPORT_COST_QUICK_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the benches are asked for."""
+
+    quick: bool = False
+    ipex_python: str | None = None
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark script and how to read it.
+
+    ``args(options, json_path)`` gives its command-line options; with ``json_to == "stdout"`` its
+    JSON is what it prints, with ``"file"`` what it writes to ``json_path``. ``adapt(raw)`` turns
+    that JSON into common rows (see :func:`row`). ``readme`` maps the variants shown in the
+    README table to short labels (None: every variant but stock, by name). ``show_delta`` adds the
+    difference from stock in the rate's unit (for times)."""
+
+    name: str
+    script: Path
+    title: str
+    group_label: str
+    args: Callable[[Options, Path], list[str]]
+    adapt: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    json_to: str = "stdout"
+    about: str = ""
+    readme: dict[str, str] | None = None
+    show_delta: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+# --- adapters: each bench's JSON -> common rows ------------------------------------------------
+
+
+def row(
+    bench: str,
+    group: str,
+    variant: str,
+    rate: float | None,
+    unit: str,
+    ratio: float | None,
+    *,
+    stock: bool = False,
+    note: str | None = None,
+    cpu_share: float | None = None,
+    noisy: bool = False,
+) -> dict[str, Any]:
+    """A normalised result. ``ratio_to_stock`` is a speed-up (stock is 1.0, above is faster);
+    ``stock`` marks the reference variant of the group; a variant that did not run has rate and
+    ratio None and a ``note`` saying why. ``cpu_share`` (where the bench measures it): CPU time /
+    (wall time x threads) of the timed samples; below :data:`BUSY_CPU_SHARE` other processes
+    were taking the cores and the rate is suspect. ``noisy``: suspect for another reason, given in
+    the note."""
+    out = {
+        "bench": bench,
+        "group": group,
+        "variant": variant,
+        "rate": None if rate is None else float(rate),
+        "unit": unit,
+        "ratio_to_stock": 1.0 if stock and rate is not None else (None if ratio is None else float(ratio)),
+        "stock": stock,
+    }
+    if note:
+        out["note"] = note
+    if cpu_share is not None:
+        out["cpu_share"] = float(cpu_share)
+    if noisy:
+        out["noisy"] = True
+    return out
+
+
+def suspect(r: dict[str, Any]) -> bool:
+    """The rate was measured while other processes took the cores, or is too noisy to trust."""
+    return bool(r.get("noisy")) or (r.get("cpu_share") is not None and r["cpu_share"] < BUSY_CPU_SHARE)
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def adapt_decode(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/decode.py --json: ``results`` holds one row per variant and size."""
+    return [
+        row(
+            "decode",
+            r["size"],
+            r["variant"],
+            r["img_per_s"],
+            "img/s",
+            r["x_stock"],
+            stock=r["variant"] == "stock loader",
+            cpu_share=r.get("cpu_share"),
+        )
+        for r in raw["results"]
+    ]
+
+
+def adapt_transforms(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/transforms.py --json: ``results`` holds one row per size, pipeline and variant; ``rate``
+    is on the clock the run chose (wall by default)."""
+    rows = []
+    for r in raw["results"]:
+        unit = "img/s" if r.get("clock", raw.get("clock", "wall")) == "wall" else "img/CPU-s"
+        group = f"{r['pipeline']} {r['size']}"
+        rows.append(
+            row(
+                "transforms",
+                group,
+                r["variant"],
+                r["rate"],
+                unit,
+                r["x_stock"],
+                stock=r["variant"] == "stock",
+                cpu_share=r.get("cpu_share"),
+            )
+        )
+    return rows
+
+
+IMPORT_STOCK = "import torch"
+#: (max - min) / median of import_cost's samples above which a row says the run was too noisy
+IMPORT_NOISY_SPREAD = 0.2
+
+
+def adapt_import_cost(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/import_cost.py --json: median seconds per command. Rate = start-up time in ms; ratio
+    = stock's time / the variant's, so that above 1.0 is faster here too."""
+    medians = raw["median_s"]
+    base = medians[IMPORT_STOCK]
+    rows = []
+    for name, seconds in medians.items():
+        variant = name.replace("... + ", "import torch, nanopatch + ") if name.startswith("...") else name
+        samples = raw.get("samples_s", {}).get(name) or []
+        note = None
+        if len(samples) > 1 and (max(samples) - min(samples)) / seconds > IMPORT_NOISY_SPREAD:
+            note = (
+                f"{SUSPECT_MARK} samples {min(samples) * 1000:.0f}-{max(samples) * 1000:.0f} ms over "
+                f"{len(samples)} rounds: the machine's noise is larger than what is measured"
+            )
+        rows.append(
+            row(
+                "import_cost",
+                "start-up",
+                variant,
+                seconds * 1000,
+                "ms",
+                base / seconds,
+                stock=name == IMPORT_STOCK,
+                note=note,
+                noisy=note is not None,
+            )
+        )
+    return rows
+
+
+def adapt_train_step(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/train_step.py --json PATH: per model, per variant a status, the median rate and x_stock."""
+    rows = []
+    for model, result in raw["models"].items():
+        for variant, v in result["variants"].items():
+            if v.get("status") == "ok":
+                rows.append(
+                    row(
+                        "train_step",
+                        model,
+                        variant,
+                        v["median"],
+                        result["unit"],
+                        v.get("x_stock"),
+                        stock=variant == "stock",
+                        cpu_share=v.get("cpu_share"),
+                    )
+                )
+            else:
+                note = one_line(v.get("error") or v.get("status", "did not run"))
+                rows.append(row("train_step", model, variant, None, result["unit"], None, note=note))
+    return rows
+
+
+def adapt_multi_instance(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/multi_instance.py --json PATH: already rows of group, variant, rate, unit, ratio (to the
+    variant named by ``baseline``, which is this bench's stock)."""
+    rows = []
+    for r in raw["rows"]:
+        is_base = r["variant"] == r.get("baseline")
+        rate = r.get("rate")
+        note = None if rate is not None else one_line(r.get("error") or r.get("note") or "no rate")
+        rows.append(
+            row(
+                "multi_instance",
+                r["group"],
+                r["variant"],
+                rate,
+                r.get("unit", ""),
+                r.get("ratio"),
+                stock=is_base,
+                note=note,
+                cpu_share=r.get("cpu_share"),
+            )
+        )
+    return rows
+
+
+def _quick(options: Options) -> list[str]:
+    return ["--quick"] if options.quick else []
+
+
+BENCHES: dict[str, Bench] = {
+    bench.name: bench
+    for bench in (
+        Bench(
+            name="decode",
+            script=BENCH_DIR / "decode.py",
+            title="JPEG loading: torchvision's pil_loader, stock against nanopatch",
+            group_label="size",
+            args=lambda o, _: [*_quick(o), "--json"],
+            adapt=adapt_decode,
+            about="images/s on one pinned core, file read included; stock = torchvision's own `pil_loader`",
+            readme={"nanopatch loader": "loader", "nanopatch DCT-scaled (min 224)": "DCT-scaled decode"},
+        ),
+        Bench(
+            name="transforms",
+            script=BENCH_DIR / "transforms.py",
+            title="ImageFolder + torchvision transforms pipelines",
+            group_label="pipeline",
+            args=lambda o, _: [*_quick(o), "--json"],
+            adapt=adapt_transforms,
+            about="images/s of `dataset[i]` on one pinned core; stock = torchvision as installed",
+            readme={"nanopatch": "nanopatch", "nanopatch fast decode": "fast decode"},
+        ),
+        Bench(
+            name="train_step",
+            script=BENCH_DIR / "train_step.py",
+            title="Training step: stock PyTorch against nanopatch's training patch",
+            group_label="model",
+            args=lambda o, path: [
+                *_quick(o),
+                *(["--ipex-python", o.ipex_python] if o.ipex_python else []),
+                "--json",
+                str(path),
+            ],
+            adapt=adapt_train_step,
+            json_to="file",
+            about="samples/s of a full training step with torch's default threads; stock = nanopatch not imported",
+            readme={"patched": "patched", "compile": "compile", "ipex": "IPEX"},
+        ),
+        Bench(
+            name="multi_instance",
+            script=BENCH_DIR / "multi_instance.py",
+            title="Several training instances on one machine",
+            group_label="model",
+            args=lambda o, path: [*_quick(o), "--json", str(path)],
+            adapt=adapt_multi_instance,
+            json_to="file",
+            about="total samples/s; ratios are to the variant each row names as its baseline",
+        ),
+        Bench(
+            name="import_cost",
+            script=BENCH_DIR / "import_cost.py",
+            title="Start-up: what importing nanopatch adds to import torch",
+            group_label="command",
+            args=lambda o, _: [*(["--rounds", str(IMPORT_COST_QUICK_ROUNDS)] if o.quick else []), "--json"],
+            adapt=adapt_import_cost,
+            about="median wall time of `python -c ...`, interleaved rounds; ratio = stock's time / the variant's",
+            readme={
+                "import torch, nanopatch": "import nanopatch",
+                "import torch, nanopatch + patch_torch()": "+ patch_torch()",
+            },
+            show_delta=True,
+        ),
+    )
+}
+
+
+# --- running the benches -----------------------------------------------------------------------
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The benches' environment: this checkout's nanopatch first on PYTHONPATH, unbuffered output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def parse_json_output(text: str) -> dict[str, Any]:
+    """The JSON object a bench printed (tolerating lines printed before it)."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"^\{", text, re.MULTILINE):
+        try:
+            return decoder.raw_decode(text[match.start() :])[0]
+        except ValueError:
+            continue
+    raise ValueError(f"no JSON object in its output ({len(text)} characters)")
+
+
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a bench we started, with the workers it started (its own process group)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Progress:
+    """tqdm over the benches (on stderr), or plain lines when tqdm is not installed."""
+
+    def __init__(self, total: int) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self.bar = None
+            self.total, self.done = total, 0
+        else:
+            self.bar = tqdm(
+                total=total,
+                unit="bench",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} benches [{elapsed} in all]{postfix}",
+            )
+
+    def start(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"running {name}", refresh=False)
+            self.bar.set_postfix_str("0 s in this bench")
+        else:
+            print(f"[{self.done + 1}/{self.total}] running {name} ...", file=sys.stderr, flush=True)
+
+    def tick(self, elapsed: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{duration(elapsed)} in this bench")
+
+    def finish(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+            self.bar.update(1)
+        else:
+            self.done += 1
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str("done", refresh=False)
+            self.bar.set_postfix_str("", refresh=False)
+            self.bar.close()
+
+
+def run_bench(
+    bench: Bench, options: Options, log_path: Path, progress: Progress, timeout: float | None
+) -> dict[str, Any]:
+    """Run one bench as a subprocess, its output to ``log_path``; read and normalise its JSON.
+    Returns the bench's entry of the results (status ok or failed, never raises for a failing bench)."""
+    with tempfile.TemporaryDirectory(prefix=f"nanopatch-bench-{bench.name}-") as tmp:
+        json_path = Path(tmp) / f"{bench.name}.json"
+        command = [sys.executable, str(bench.script), *bench.args(options, json_path)]
+        entry: dict[str, Any] = {"status": "failed", "command": command, "log": log_path.name}
+        log_path.write_text(f"$ {shlex.join(command)}\n")
+        started = time.monotonic()
+        progress.start(bench.name)
+        with open(log_path, "a") as log, tempfile.TemporaryFile("w+") as stdout:
+            proc = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env=child_env(bench.extra_env),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout if bench.json_to == "stdout" else log,
+                stderr=log,
+                start_new_session=True,  # its own process group: stopped with its workers
+                text=True,
+            )
+            timed_out = False
+            try:
+                while True:
+                    try:
+                        returncode = proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        elapsed = time.monotonic() - started
+                        progress.tick(elapsed)
+                        if timeout is not None and elapsed > timeout:
+                            timed_out = True
+                            stop(proc)
+                            returncode = proc.wait()
+                            break
+            except BaseException:  # Ctrl-C: stop the bench we started, then let it propagate
+                stop(proc)
+                raise
+            entry["seconds"] = time.monotonic() - started
+            entry["returncode"] = returncode
+            stdout.seek(0)
+            printed = stdout.read()
+        log_tail = tail(log_path.read_text())
+        if bench.json_to == "stdout" and printed:
+            with open(log_path, "a") as log:
+                log.write(f"\n--- stdout ---\n{printed}")
+        if timed_out:
+            entry["error"] = f"timed out after {duration(timeout or 0)} (stopped)"
+        elif returncode != 0:
+            entry["error"] = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        else:
+            try:
+                text = printed if bench.json_to == "stdout" else json_path.read_text()
+                entry["raw"] = parse_json_output(text)
+            except (OSError, ValueError) as exc:
+                entry["error"] = f"exited with code 0 but gave no JSON result: {exc}"
+                log_tail = tail(log_tail + ("\n--- stdout ---\n" + tail(printed, 10) if printed else ""))
+            else:
+                try:
+                    entry["rows"] = bench.adapt(entry["raw"])
+                    entry["status"] = "ok"
+                except Exception as exc:  # the JSON is kept: --render can be run once the adapter is fixed
+                    entry["error"] = f"could not read its JSON: {type(exc).__name__}: {exc}"
+                    log_tail = f"(adapter error; the bench's raw JSON is kept)\n{log_tail}"
+        if entry["status"] != "ok":
+            entry["log_tail"] = log_tail
+        return entry
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        return {
+            "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "dirty": None, "error": one_line(exc)}
+
+
+def machine_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The machine and the versions, from ``python -m nanopatch --info --json`` run the way the
+    benches run (this interpreter, this checkout's nanopatch), with fallbacks if that fails."""
+    info: dict[str, Any] | None = None
+    error = None
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nanopatch", "--info", "--json"],
+            cwd=REPO_ROOT,
+            env=env or child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            error = f"exit code {done.returncode}: {tail(done.stderr, 3)}"
+        else:
+            info = parse_json_output(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    cpu = (info or {}).get("cpu", {})
+    packages = (info or {}).get("packages", {})
+    model, flags = cpuinfo()
+    if "flags" in cpu:
+        flags = cpu["flags"]
+    machine = {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu.get("model_name") or model,
+        "vendor": cpu.get("vendor"),
+        "physical_cores": cpu.get("physical_cores"),
+        "logical_cpus": cpu.get("logical_cpus", os.cpu_count()),
+        "usable_cores": cpu.get("usable_cores"),
+        "cpu_quota": cpu.get("cpu_quota"),
+        "flags": flags,
+        "native_bf16": cpu.get("native_bf16", any(f in flags for f in ("avx512_bf16", "amx_bf16"))),
+        "amx": cpu.get("amx", "amx_tile" in flags and ("amx_bf16" in flags or "amx_int8" in flags)),
+        "bf16_reason": cpu.get("bf16_reason"),
+        "mem_total_gib": mem_total_gib(),
+        "platform": (info or {}).get("platform") or platform.platform(),
+    }
+    versions = {
+        "python": platform.python_version(),
+        "torch": packages.get("torch") or installed("torch"),
+        "torchvision": packages.get("torchvision") or installed("torchvision"),
+        "nanopatch": (info or {}).get("nanopatch"),
+        "intel-extension-for-pytorch": packages.get("intel-extension-for-pytorch"),
+        "numpy": packages.get("numpy"),
+        "pillow": packages.get("pillow"),
+        "opencv": packages.get("opencv-python-headless") or packages.get("opencv-python"),
+        "PyTurboJPEG": packages.get("PyTurboJPEG"),
+    }
+    out: dict[str, Any] = {"machine": machine, "versions": versions, "nanopatch_info": info}
+    if error:
+        out["nanopatch_info_error"] = error
+    return out
+
+
+#: the ISA flags worth reporting when nanopatch cannot say (nanopatch.cpu.INTERESTING_FLAGS)
+FALLBACK_FLAGS = frozenset(
+    "sse4_2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 amx_tile amx_bf16 amx_int8".split()
+)
+
+
+def cpuinfo() -> tuple[str, list[str]]:
+    """The CPU model and the interesting flags of the first processor in /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown CPU", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = sorted(set(value.split()) & FALLBACK_FLAGS)
+    except OSError:
+        pass
+    return model, flags
+
+
+def mem_total_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def load_average() -> str | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return None
+
+
+def installed(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def results_stem(out_dir: Path, when: dt.datetime, hostname: str) -> str:
+    """``<YYYY-MM-DD>-<hostname>``, with -2, -3 ... when that day's file exists (never overwritten)."""
+    host = re.sub(r"[^A-Za-z0-9._-]+", "-", hostname).strip("-") or "host"
+    stem = f"{when:%Y-%m-%d}-{host}"
+    candidate, index = stem, 1
+    while (out_dir / f"{candidate}.json").exists():
+        index += 1
+        candidate = f"{stem}-{index}"
+    return candidate
+
+
+def reproduce_command(argv: Sequence[str]) -> str:
+    return shlex.join(["python", "bench/run.py", *argv]).replace("python", "PYTHONPATH=. python", 1)
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]) -> int:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = dt.datetime.now().astimezone()
+    started = time.monotonic()
+    options = Options(quick=args.quick, ipex_python=args.ipex_python)
+    names = list(benches) if args.only is None else args.only
+    selected = [benches[n] for n in names if benches[n].script.exists()]
+    skipped = {
+        n: f"not run: {display_path(benches[n].script)} does not exist" for n in names if not benches[n].script.exists()
+    }
+    for name, why in skipped.items():
+        print(f"{name}: {why}", file=sys.stderr)
+    print("collecting machine facts (python -m nanopatch --info --json) ...", file=sys.stderr, flush=True)
+    facts = machine_facts()
+    stem = results_stem(out_dir, start, facts["machine"]["hostname"])
+    json_path = out_dir / f"{stem}.json"
+    results: dict[str, Any] = {
+        "schema": SCHEMA,
+        "command": reproduce_command(argv),
+        "argv": list(argv),
+        "python_executable": sys.executable,
+        "quick": args.quick,
+        "started": start.isoformat(timespec="seconds"),
+        "duration_s": None,
+        "complete": False,
+        **facts,
+        "git": git_state(),
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NANOPATCH_")},
+        "loadavg": {"start": load_average(), "end": None},
+        "benches": {},
+        "skipped": skipped,
+        "failures": [],
+        "rows": [],
+    }
+    write_json(json_path, results)
+    progress = Progress(len(selected))
+    try:
+        for bench in selected:
+            entry = run_bench(bench, options, out_dir / f"{stem}-{bench.name}.log", progress, args.timeout)
+            results["benches"][bench.name] = entry
+            if entry["status"] == "ok":
+                results["rows"].extend(entry["rows"])
+                progress.finish(f"{bench.name}: ok ({duration(entry['seconds'])}, {len(entry['rows'])} rows)")
+            else:
+                failure = {
+                    "bench": bench.name,
+                    "error": entry["error"],
+                    "log": entry["log"],
+                    "log_tail": entry["log_tail"],
+                }
+                results["failures"].append(failure)
+                progress.finish(
+                    f"{bench.name}: FAILED ({entry['error']}); log: {display_path(out_dir / entry['log'])}\n"
+                    + "\n".join("    " + line for line in tail(entry["log_tail"], 8).splitlines())
+                )
+            results["duration_s"] = time.monotonic() - started
+            write_json(json_path, results)
+    except KeyboardInterrupt:
+        progress.close()
+        results["duration_s"] = time.monotonic() - started
+        results["interrupted"] = True
+        write_json(json_path, results)
+        print(f"interrupted; partial results in {display_path(json_path)}", file=sys.stderr)
+        return 130
+    progress.close()
+    results["duration_s"] = time.monotonic() - started
+    results["loadavg"]["end"] = load_average()
+    results["complete"] = True
+    write_json(json_path, results)
+    written = render(results, json_path, benches)
+    print(f"took {duration(results['duration_s'])}; wrote:", file=sys.stderr)
+    for path in [json_path, *written]:
+        print(f"  {display_path(path)}", file=sys.stderr)
+    if args.readme:
+        print(readme_table(results, benches))
+    if results["failures"]:
+        print(f"failed: {', '.join(f['bench'] for f in results['failures'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def display_path(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+# --- reports: Markdown, README table, charts --------------------------------------------------
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 99.95:
+        return f"{value:.0f}"
+    return f"{value:#.3g}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def ordered(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def bench_rows(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    entry = results["benches"].get(name, {})
+    return entry.get("rows") or [r for r in results.get("rows", []) if r["bench"] == name]
+
+
+def table_layout(rows: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], dict[str, Any]]]:
+    """Groups (in order), variants (stock first) and the row of each (group, variant)."""
+    groups = ordered([r["group"] for r in rows])
+    variants = ordered([r["variant"] for r in rows if r["stock"]] + [r["variant"] for r in rows])
+    cells = {(r["group"], r["variant"]): r for r in rows}
+    return groups, variants, cells
+
+
+def stock_of(rows: list[dict[str, Any]], group: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["group"] == group and r["stock"]), None)
+
+
+def machine_line(results: dict[str, Any], *, short: bool = False) -> str:
+    m = results.get("machine", {})
+    v = results.get("versions", {})
+    cores = m.get("physical_cores")
+    parts = [m.get("cpu_model") or "unknown CPU"]
+    if cores:
+        parts.append(
+            f"{cores} physical cores" if short else f"{cores} physical cores ({m.get('logical_cpus')} logical)"
+        )
+    bf16 = [f for f in m.get("flags", []) if "bf16" in f or f.startswith("amx")]
+    parts.append(", ".join(bf16) if bf16 else "no native bf16")
+    if m.get("amx") is False:
+        parts.append("no AMX")
+    parts.append(f"torch {v.get('torch') or '?'}")
+    return ", ".join(parts)
+
+
+def bench_meta(name: str, benches: dict[str, Bench]) -> Bench | None:
+    return benches.get(name)
+
+
+def cell(r: dict[str, Any] | None, stock: dict[str, Any] | None, show_delta: bool) -> str:
+    if r is None:
+        return ""
+    if r["rate"] is None:
+        return "did not run"
+    mark = SUSPECT_MARK if suspect(r) else ""
+    if r["stock"]:
+        return fmt_rate(r["rate"]) + mark
+    extra = fmt_ratio(r["ratio_to_stock"])
+    if show_delta and stock is not None and stock["rate"] is not None:
+        extra = f"{r['rate'] - stock['rate']:+.0f} {r['unit']}, {extra}"
+    return f"{fmt_rate(r['rate'])}{mark} ({extra})"
+
+
+def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[str, str]) -> str:
+    m, v, git = results.get("machine", {}), results.get("versions", {}), results.get("git", {})
+    date = results.get("started", "")[:10]
+    lines = [f"# nanopatch benchmarks: {date}, {m.get('hostname', '?')}", ""]
+    flags = " ".join(m.get("flags", [])) or "-"
+    yes_no = {True: "yes", False: "no", None: "?"}
+    lines.append(
+        f"- **Machine**: {m.get('cpu_model')}, {m.get('physical_cores')} physical cores ({m.get('logical_cpus')} "
+        f"logical, {m.get('usable_cores')} usable); ISA flags: {flags}; native bf16: {yes_no[m.get('native_bf16')]}, "
+        f"AMX: {yes_no[m.get('amx')]}"
+        + (f"; {m['mem_total_gib']:.0f} GiB" if m.get("mem_total_gib") else "")
+        + f"; {m.get('platform', '')}"
+    )
+    commit = (git.get("commit") or "?")[:12] + (" with uncommitted changes" if git.get("dirty") else "")
+    lines.append(
+        f"- **Software**: Python {v.get('python')}, torch {v.get('torch')}, torchvision {v.get('torchvision')}, "
+        f"nanopatch {v.get('nanopatch')}"
+        + (f", IPEX {v['intel-extension-for-pytorch']}" if v.get("intel-extension-for-pytorch") else "")
+        + f" (git {commit})"
+    )
+    took = duration(results["duration_s"]) if results.get("duration_s") is not None else "?"
+    lines.append(f"- **Command** (from the repository root): `{results.get('command')}`")
+    load = results.get("loadavg") or {}
+    lines.append(
+        f"- Started {results.get('started')}, took {took}."
+        + (" Interrupted." if results.get("interrupted") else "")
+        + (f" Load average (1, 5, 15 min) at start: {load['start']}" if load.get("start") else "")
+        + (f"; at the end: {load['end']}." if load.get("end") else "")
+    )
+    if results.get("quick"):
+        lines.append(
+            "- **Quick mode**: small sizes and few rounds, to check that everything runs; not numbers to quote."
+        )
+    if results.get("environment"):
+        lines.append("- Environment: " + ", ".join(f"`{k}={val}`" for k, val in results["environment"].items()))
+    lines += [
+        "",
+        "Each cell: the rate, then in brackets the speed-up over stock (above 1.00x is faster than stock). "
+        "Every bench times its stock and nanopatch variants side by side in the same run; see bench/README.md.",
+    ]
+    for name, entry in results.get("benches", {}).items():
+        bench = bench_meta(name, benches)
+        title = bench.title if bench else name
+        lines += ["", f"## {name}: {title}", ""]
+        if bench and bench.about:
+            lines += [bench.about[0].upper() + bench.about[1:] + f"; ran in {duration(entry.get('seconds', 0))}.", ""]
+        if entry["status"] != "ok":
+            lines += [f"**Failed**: {entry.get('error')} (log: `{entry.get('log')}`)", "", "```text"]
+            lines += [entry.get("log_tail", "").replace("```", "'''"), "```"]
+            continue
+        rows = bench_rows(results, name)
+        groups, variants, cells = table_layout(rows)
+        label = bench.group_label if bench else "group"
+        lines.append(f"| {label} | unit | " + " | ".join(variants) + " |")
+        lines.append("|---|---|" + "---:|" * len(variants))
+        for group in groups:
+            stock = stock_of(rows, group)
+            unit = next(r["unit"] for r in rows if r["group"] == group)
+            show_delta = bool(bench and bench.show_delta)
+            values = [cell(cells.get((group, variant)), stock, show_delta) for variant in variants]
+            lines.append(f"| {group} | {unit} | " + " | ".join(values) + " |")
+        noted: dict[tuple[str, str], list[str]] = {}
+        for r in rows:
+            if r.get("note"):
+                noted.setdefault((r["variant"], r["note"]), []).append(r["group"])
+        notes = [f"`{variant}` ({', '.join(groups)}): {note}" for (variant, note), groups in noted.items()]
+        busy = [
+            f"`{r['variant']}` {r['group']} {r['cpu_share'] * 100:.0f}%"
+            for r in rows
+            if r.get("cpu_share") is not None and r["cpu_share"] < BUSY_CPU_SHARE
+        ]
+        if busy:
+            notes.append(
+                f"{SUSPECT_MARK} CPU below {BUSY_CPU_SHARE:.0%} of the wall time ({', '.join(busy)}): other processes "
+                "were taking the cores while these were timed, so these rates (and ratios) are suspect"
+            )
+        if notes:
+            lines.append("")
+            lines += [f"- {note}" for note in notes]
+        if name in charts:
+            lines += ["", f"![{name}: speed-up over stock]({charts[name]})"]
+    if results.get("skipped"):
+        lines += ["", "## Not run", ""]
+        lines += [f"- {name}: {why}" for name, why in results["skipped"].items()]
+    if results.get("failures"):
+        lines += ["", "**Failed benches**: " + ", ".join(f["bench"] for f in results["failures"]) + " (above)."]
+    return "\n".join(lines) + "\n"
+
+
+def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
+    """A compact Markdown table for the project README: one row per bench and pipeline or model,
+    stock's rate and nanopatch's speed-up(s); then the machine, date and command."""
+    lines = ["| benchmark | pipeline / model | stock | nanopatch (speed-up over stock) |", "|---|---|---:|---|"]
+    any_suspect = False
+    for name, entry in results.get("benches", {}).items():
+        if entry.get("status") != "ok":
+            lines.append(f"| {name} | - | - | failed: {one_line(entry.get('error', ''), 80)} |")
+            continue
+        bench = bench_meta(name, benches)
+        labels = bench.readme if bench else None
+        rows = bench_rows(results, name)
+        for group in ordered([r["group"] for r in rows]):
+            stock = stock_of(rows, group)
+            shown = []
+            for r in rows:
+                if r["group"] != group or r["stock"] or r["ratio_to_stock"] is None:
+                    continue
+                if labels is not None and r["variant"] not in labels:
+                    continue
+                label = labels[r["variant"]] if labels is not None else r["variant"]
+                value = fmt_ratio(r["ratio_to_stock"])
+                if suspect(r) or (stock is not None and suspect(stock)):
+                    value += SUSPECT_MARK
+                    any_suspect = True
+                if bench and bench.show_delta and stock is not None:
+                    value = f"{r['rate'] - stock['rate']:+.0f} {r['unit']} ({value})"
+                shown.append(f"{label} {value}")
+            stock_text = f"{fmt_rate(stock['rate'])} {stock['unit']}" if stock and stock["rate"] is not None else "-"
+            lines.append(f"| {name} | {group} | {stock_text} | {', '.join(shown) or '-'} |")
+    quick = " (quick mode: a smoke test, not numbers to quote)" if results.get("quick") else ""
+    lines.append("")
+    if any_suspect:
+        lines += [
+            f"{SUSPECT_MARK} suspect: other processes were taking the cores while it was timed, or its samples "
+            "spread wider than the effect.",
+            "",
+        ]
+    lines += [
+        f"Measured on {machine_line(results)}, {results.get('started', '')[:10]}{quick}. "
+        f"Reproduce: `{results.get('command')}`",
+    ]
+    return "\n".join(lines)
+
+
+def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -> bool:
+    """One PNG: grouped bars of each variant's speed-up over stock per pipeline / model, stock as
+    the 1.0 line, values on the bars, the machine in the subtitle. False if nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = bench_rows(results, name)
+    plotted = [r for r in rows if not r["stock"] and r["ratio_to_stock"] is not None]
+    if not plotted:
+        return False
+    groups = ordered([r["group"] for r in rows if r["ratio_to_stock"] is not None])
+    variants = ordered([r["variant"] for r in plotted])
+    cells = {(r["group"], r["variant"]): r for r in plotted}
+    n = len(variants)
+    width = min(0.8 / n, 0.3)
+    fig_width = min(16.0, max(7.0, 1.5 + len(groups) * (0.7 + 0.55 * n)))
+    fig, ax = plt.subplots(figsize=(fig_width, 5.2))
+    colours = plt.get_cmap("tab10").colors
+    greys = ("0.62", "0.78", "0.48", "0.88", "0.36")
+    # nanopatch's own variants in colour, the others (raw decoders, albumentations...) in grey, hatched
+    ours = [v for v in variants if bench is None or bench.readme is None or v in bench.readme]
+    variants = ours + [v for v in variants if v not in ours]
+    top = 1.0
+    label_size = 8 if n * len(groups) <= 16 else 7
+    for i, variant in enumerate(variants):
+        xs, ys, labels = [], [], []
+        for j, group in enumerate(groups):
+            r = cells.get((group, variant))
+            if r is not None:
+                xs.append(j + (i - (n - 1) / 2) * width)
+                ys.append(r["ratio_to_stock"])
+                busy = suspect(r) or (stock_of(rows, group) is not None and suspect(stock_of(rows, group)))
+                labels.append(f"{r['ratio_to_stock']:.2f}x" + (SUSPECT_MARK if busy else ""))
+        if not ys:
+            continue
+        top = max(top, *ys)
+        if variant in ours:
+            style = {"color": colours[ours.index(variant) % len(colours)], "label": variant}
+        else:
+            others = [v for v in variants if v not in ours]
+            grey = greys[others.index(variant) % len(greys)]
+            style = {"color": grey, "hatch": "//", "edgecolor": "white", "label": f"{variant} (reference)"}
+        bars = ax.bar(xs, ys, width * 0.92, zorder=2, **style)
+        ax.bar_label(bars, labels=labels, padding=2, fontsize=label_size, rotation=90 if n > 3 else 0)
+    stock_names = ordered([r["variant"] for r in rows if r["stock"]])
+    ax.axhline(
+        1.0, color="black", linestyle="--", linewidth=1.2, zorder=3, label=f"{' / '.join(stock_names) or 'stock'} = 1.0"
+    )
+    ticks = []
+    for group in groups:
+        stock = stock_of(rows, group)
+        ticks.append(group if stock is None else f"{group}\nstock {fmt_rate(stock['rate'])} {stock['unit']}")
+    ax.set_xticks(range(len(groups)), ticks, fontsize=9)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylim(0, top * (1.3 if n > 3 else 1.15))
+    ax.set_ylabel("speed-up over stock (x)")
+    ax.grid(axis="y", color="0.9", zorder=0)
+    ax.spines[["top", "right"]].set_visible(False)
+    title = f"{name}: {bench.title}" if bench else name
+    fig.suptitle(textwrap.fill(title, width=int(fig_width * 8)), fontsize=12, fontweight="bold")
+    quick = ", --quick" if results.get("quick") else ""
+    ax.set_title(
+        f"{machine_line(results, short=True)}; {results.get('started', '')[:10]}{quick}", fontsize=9, color="0.3"
+    )
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=min(n + 1, 4), fontsize=8, frameon=False)
+    if any(suspect(r) for r in rows):
+        fig.text(
+            0.01,
+            0.01,
+            f"{SUSPECT_MARK} suspect: other processes took the cores while it (or stock) was timed, or its samples "
+            "spread wider than the effect",
+            fontsize=7,
+            color="0.35",
+        )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def renormalise(results: dict[str, Any], benches: dict[str, Bench]) -> bool:
+    """Normalise every bench's raw JSON again with the current adapters (so a fixed or extended
+    adapter applies to old results too). Returns whether any rows changed."""
+    changed = False
+    for name, entry in results.get("benches", {}).items():
+        if entry.get("status") != "ok" or "raw" not in entry or name not in benches:
+            continue
+        try:
+            rows = benches[name].adapt(entry["raw"])
+        except Exception as exc:  # keep the rows the run wrote
+            print(f"{name}: could not normalise its JSON again ({type(exc).__name__}: {exc})", file=sys.stderr)
+            continue
+        if rows != entry.get("rows"):
+            entry["rows"] = rows
+            changed = True
+    if changed:
+        results["rows"] = [r for entry in results["benches"].values() for r in entry.get("rows") or []]
+    return changed
+
+
+def render(results: dict[str, Any], json_path: Path, benches: dict[str, Bench]) -> list[Path]:
+    """Write the Markdown summary and the charts beside ``json_path``; return what was written."""
+    written: list[Path] = []
+    charts: dict[str, str] = {}
+    stem = json_path.with_suffix("").name
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("matplotlib is not installed: no charts (pip install matplotlib)", file=sys.stderr)
+    else:
+        for name, entry in results.get("benches", {}).items():
+            if entry.get("status") != "ok":
+                continue
+            png = json_path.parent / f"{stem}-{name}.png"
+            if chart(results, name, bench_meta(name, benches), png):
+                charts[name] = png.name
+                written.append(png)
+    md_path = json_path.with_suffix(".md")
+    md_path.write_text(markdown(results, benches, charts))
+    return [md_path, *written]
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = None) -> int:
+    benches = BENCHES if benches is None else benches
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="every bench's quick mode: a few minutes in all")
+    parser.add_argument("--only", help=f"comma-separated, of {', '.join(benches)} (default: all that exist)")
+    parser.add_argument(
+        "--ipex-python", help="interpreter with intel-extension-for-pytorch, for train_step's ipex variant"
+    )
+    parser.add_argument(
+        "--out", default=str(BENCH_DIR / "results"), help="directory for the results and logs (default: bench/results)"
+    )
+    parser.add_argument("--timeout", type=float, help="stop a bench that runs longer than this many seconds (failed)")
+    parser.add_argument(
+        "--render", metavar="JSON", help="re-render the Markdown and charts of this results file; runs nothing"
+    )
+    parser.add_argument("--readme", action="store_true", help="print a compact Markdown table for the project README")
+    args = parser.parse_args(argv)
+    if args.only is not None:
+        args.only = ordered([n.strip() for n in args.only.split(",") if n.strip()])
+        unknown = [n for n in args.only if n not in benches]
+        if unknown or not args.only:
+            parser.error(f"--only: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(benches)}")
+    if args.render:
+        path = Path(args.render)
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--render: cannot read {path}: {exc}")
+        rewritten = renormalise(results, benches)
+        if rewritten:
+            write_json(path, results)
+        written = ([path] if rewritten else []) + render(results, path, benches)
+        for p in written:
+            print(f"wrote {display_path(p)}", file=sys.stderr)
+        if args.readme:
+            print(readme_table(results, benches))
+        return 0
+    return run(args, argv, benches)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
