@@ -23,13 +23,14 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__, config
+from . import __version__, config, launch
 from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
 from ._log import configure_stderr
 
 USAGE = (
     "python -m nanopatch [options] script.py [args ...]\n"
     "       python -m nanopatch [options] -m module [args ...]\n"
+    "       python -m nanopatch --nproc N [options] script.py [args ...]\n"
     "       python -m nanopatch --info [--json]"
 )
 
@@ -56,12 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a PyTorch training script with nanopatch's CPU accelerations applied. "
         "Options not given fall back to NANOPATCH_<OPTION> environment variables, then to "
         "auto-detection.",
-        epilog="Options go before the script; everything after the script belongs to it.",
+        epilog="Options go before the script; everything after the script belongs to it. "
+        + launch.multi_node_help()
+        + ".",
         allow_abbrev=False,
     )
     patches = parser.add_argument_group("patches (same names as nanopatch.patch_torch)")
     for name, kind in config.OPTIONS.items():
         flag = "--" + name.replace("_", "-")
+        if name == "data_parallel":  # set by --nproc for the processes it starts
+            continue
         if kind == "compile":
             patches.add_argument(
                 flag,
@@ -81,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help=f"(default: {'on' if kind == 'bool' else 'auto'}; env {config.env_name(name)})",
             )
+    launch.add_options(parser)
     parser.add_argument("--info", action="store_true", help="print the capability report and exit")
     parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
     parser.add_argument(
@@ -188,6 +194,7 @@ def run_module(name: str, args: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    may_reexec = argv is None  # a real command line, which can be executed again
     argv = sys.argv[1:] if argv is None else argv
     try:
         own, kind, target, script_args = split_argv(parser, argv)
@@ -199,14 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_level = "DEBUG" if opts.verbose > 1 else "INFO"
     if log_level:
         configure_stderr(log_level)
-    options = {name: getattr(opts, name) for name in config.OPTIONS if getattr(opts, name) is not None}
+    options = {name: getattr(opts, name, None) for name in config.OPTIONS if getattr(opts, name, None) is not None}
 
     if opts.info:
         from ._info import collect, format_table
 
         try:
-            info = collect(options)
-        except ValueError as exc:  # a bad NANOPATCH_* value
+            tuning = None
+            if opts.tune:
+                plan = launch.current_plan(opts)
+                tuning = launch.describe_processes(opts, plan) if launch.wants_launch(opts) else plan.as_dict()
+            info = collect(options, tuning)
+        except ValueError as exc:  # a bad NANOPATCH_* value, or a --nproc/--cpus that does not fit
             parser.error(str(exc))
         print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
         return 0
@@ -216,15 +227,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
         return 2
+    # The runtime is tuned first, and the interpreter may start again here to preload an
+    # allocator: everything after this runs once, in the final interpreter.
+    launching = launch.wants_launch(opts)
+    if launching:
+        try:
+            launch.rank_cpus(opts)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if kind == "script" and not os.path.exists(target):
+            print(f"python -m nanopatch: error: can't open file {os.path.abspath(target)!r}", file=sys.stderr)
+            return 2
+        launch.tune_launcher(opts, may_reexec)
+    elif opts.rank_worker:
+        launch.start_worker(opts)
+    else:
+        launch.tune(opts, may_reexec)
     try:
         cfg = config.resolve(options)
     except ValueError as exc:  # a bad NANOPATCH_* value
         parser.error(str(exc))
     export_environment(cfg, log_level)
+    if launching:
+        target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
+        return launch.launch(opts, target_argv)
 
     import nanopatch
 
     nanopatch.patch_torch(**options)
+    if opts.rank_worker:
+        return _run_rank(kind, target, script_args)
+    return _run_target(kind, target, script_args)
+
+
+def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
     try:
         if kind == "module":
             run_module(target, script_args)
@@ -237,6 +273,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:
+    """One process of a ``--nproc`` run: the script runs data-parallel in the process group
+    set up here; an exception is recorded for torchrun's summary (which shows it with this
+    rank's traceback) and ends the process with exit code 1."""
+    import torch  # noqa: F401 - first, so that its import hook patches before the next line runs
+
+    from . import distributed
+
+    distributed.start()
+    try:
+        code = _run_target(kind, target, script_args)
+    except Exception as exc:
+        launch.record_failure(exc, skip_file=__file__)
+        return 1
+    distributed.finish()
+    return code
 
 
 if __name__ == "__main__":

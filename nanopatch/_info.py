@@ -123,9 +123,11 @@ def _opencv_report() -> dict[str, Any]:
     return {"importable": True, "version": cv2.__version__, "num_threads": cv2.getNumThreads()}
 
 
-def collect(options: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything ``--info`` shows, as a JSON-friendly dict. ``options`` are explicit option
-    values (the runner's flags); the report shows how they resolve with the environment."""
+    values (the runner's flags); the report shows how they resolve with the environment.
+    ``tuning`` is what the runner would set (:meth:`nanopatch.runtime.Plan.as_dict`, plus
+    ``processes`` for ``--nproc``)."""
     facts = cpu.host_facts()
     ipex_ok, ipex_reason = config.ipex_compatibility()
     current = status()
@@ -143,6 +145,7 @@ def collect(options: dict[str, Any] | None = None) -> dict[str, Any]:
         "options": current["options"] if current["patched"] else config.resolve(options).as_dict(),
         "targets": current["targets"],
         "warnings": current["warnings"],
+        "tuning": tuning,
     }
 
 
@@ -211,6 +214,19 @@ def format_table(info: dict[str, Any]) -> str:
             [(name, value if value is not None else "(unset)") for name, value in info["environment"].items()],
         )
     )
+    tuning = info.get("tuning")
+    if tuning:
+        rows = [("threads / OpenMP / allocator", f"{tuning['threads']} / {tuning['openmp']} / {tuning['allocator']}")]
+        for s in tuning["settings"]:
+            shown = s["kept"] if s["kept"] is not None else s["value"]
+            rows.append((s["name"], f"{shown if shown is not None else '(unset)'}  # {s['reason']}"))
+        if tuning.get("needs_reexec"):
+            rows.append(("re-exec", "the interpreter is started again once, so that LD_PRELOAD takes effect"))
+        for rank, cpus in enumerate(tuning.get("processes") or []):
+            rows.append((f"process {rank}", cpus))
+        sections.append(("Runtime tuning (what python -m nanopatch would set, and why)", rows))
+    elif "tuning" in info:
+        sections.append(("Runtime tuning", [("tuning", "off (--no-tune): the environment is left as it is")]))
     sections.append(
         (
             "Options (argument > NANOPATCH_* > auto)",

@@ -340,7 +340,7 @@ def _undo_targets(names: Iterable[str]) -> None:
 
 def patch_torch(**options: Any) -> None:
     """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
-    bf16_eval, channels_last, ipex, compile, fast_decode. Calling it again with the same options
+    bf16_eval, channels_last, ipex, compile, fast_decode, data_parallel, auto_lr. Calling it again with the same options
     does nothing; with different options the patches are re-applied with the new ones."""
     config = _config.resolve(options)
     with _lock:
@@ -479,3 +479,4 @@ def status() -> dict[str, Any]:
 
 register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))
 register(Target(name="training", option="training", module="torch", patcher="nanopatch.training.patch"))
+register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.distributed"))

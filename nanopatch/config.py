@@ -35,6 +35,8 @@ OPTIONS: dict[str, str] = {
     "ipex": "tristate",
     "compile": "compile",
     "fast_decode": "bool",
+    "data_parallel": "bool",
+    "auto_lr": "bool",
 }
 
 _DEFAULTS: dict[str, Any] = {
@@ -43,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
     "bf16_eval": True,
     "compile": False,
     "fast_decode": True,
+    "data_parallel": False,
+    "auto_lr": True,
 }
 
 
@@ -102,6 +106,8 @@ class Config:
     ipex: bool
     compile: str | bool  # False, or a torch.compile mode name
     fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
+    data_parallel: bool  # data-parallel over torch.distributed (on in `--nproc` processes)
+    auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 

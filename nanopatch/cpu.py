@@ -194,6 +194,13 @@ def core_groups(processors: list[dict[str, str]], cpus: Iterable[int]) -> tuple[
     return tuple(tuple(members) for _, members in ordered)
 
 
+def socket_count(processors: list[dict[str, str]], cpus: Iterable[int]) -> int:
+    """Number of distinct ``physical id``s among the logical CPUs ``cpus`` (at least 1)."""
+    wanted = set(cpus)
+    ids = {p.get("physical id", "0") for p in processors if _proc_number(p) in wanted}
+    return max(1, len(ids))
+
+
 def _proc_number(proc: dict[str, str]) -> int | None:
     try:
         return int(proc.get("processor", ""))
@@ -367,6 +374,7 @@ class CpuFacts:
     cpu_quota: float | None  # cgroup quota in CPUs, None = unlimited/unknown
     usable_cores: int  # what OMP_NUM_THREADS should be
     cores: tuple[tuple[int, ...], ...]  # allowed logical CPUs grouped by physical core
+    sockets: int  # sockets (physical packages) the allowed CPUs are on
     avx2: bool
     avx512: bool
     native_bf16: bool
@@ -411,6 +419,7 @@ def facts(
         cpu_quota=quota,
         usable_cores=usable_cores(physical, quota),
         cores=core_groups(processors, allowed_t),
+        sockets=socket_count(processors, allowed_t),
         avx2="avx2" in flags,
         avx512=has_avx512(flags),
         native_bf16=has_native_bf16(flags),

@@ -170,15 +170,22 @@ def plan(
     allocator: str = "auto",
     cpus: Sequence[int] | None = None,
     finder: Callable[[str], str | None] = find_allocator,
+    share: int = 1,
+    ours: Iterable[str] = (),
 ) -> Plan:
-    """What to set for one process that may run on ``cpus`` (default: all it is allowed)."""
+    """What to set for one process that may run on ``cpus`` (default: all it is allowed).
+
+    ``share`` is the number of processes that split the cgroup CPU quota between them;
+    ``ours`` names variables in ``environ`` that nanopatch itself set (in a launcher), which
+    are not the user's and may be set again."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
     settings: list[Setting] = []
+    ours = set(ours)
 
     def choose(name: str, value: str | None, reason: str) -> None:
         user = environ.get(name)
-        if user is not None and user != "":
+        if user is not None and user != "" and name not in ours:
             settings.append(Setting(name, value, "set by you: kept", kept=user))
         else:
             settings.append(Setting(name, value, reason))
@@ -186,10 +193,13 @@ def plan(
     cores = _cores_of(facts, cpus)
     threads = max(1, len(cores))
     why = f"{threads} physical core(s) in this process's CPU set"
-    quota_limited = facts.cpu_quota is not None and cpus is None and facts.usable_cores < threads
+    quota = facts.cpu_quota
+    allowed = cpu.usable_cores(threads, None if quota is None else quota / max(1, share))
+    quota_limited = quota is not None and allowed < threads
     if quota_limited:
-        threads = facts.usable_cores
-        why = f"a cgroup CPU quota of {facts.cpu_quota:g} CPUs allows {threads} core(s)"
+        threads = allowed
+        of = f" split {share} ways" if share > 1 else ""
+        why = f"a cgroup CPU quota of {quota:g} CPUs{of} allows {threads} core(s)"
     choose("OMP_NUM_THREADS", str(threads), why)
 
     pinned: tuple[int, ...] = ()
@@ -240,6 +250,97 @@ def _cpu_list(cpus: Sequence[int]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
+def cpu_list_text(cpus: Iterable[int]) -> str:
+    """CPU numbers as a kernel-style list with ranges (``0-3,8``)."""
+    parts: list[str] = []
+    ordered = sorted(set(cpus))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+# --- several processes on one machine ---------------------------------------------------
+
+
+def parse_process_cpus(text: str) -> list[tuple[int, ...]]:
+    """``--cpus``: one CPU set per process. ``"0-3,4-7"`` is two processes (a comma between
+    single CPUs or ranges separates processes); with semicolons each part is a full cpu
+    list, ``"0,2;1,3"``."""
+    text = text.strip()
+    parts = text.split(";") if ";" in text else text.split(",")
+    groups = []
+    for part in parts:
+        try:
+            group = cpu.parse_cpu_list(part)
+        except ValueError:
+            raise ValueError(f"--cpus {text!r}: {part.strip()!r} is not a CPU list") from None
+        if not group:
+            raise ValueError(f"--cpus {text!r}: an empty CPU set")
+        groups.append(group)
+    return groups
+
+
+def auto_nproc(facts: cpu.CpuFacts, cores_per_proc: int | None = None) -> int:
+    """``--nproc auto``: one process per socket (OpenMP scales well within a socket and
+    poorly across one), or as many as ``cores_per_proc`` allows."""
+    if cores_per_proc:
+        return max(1, len(_cores_of(facts, None)) // cores_per_proc)
+    return max(1, min(facts.sockets, len(_cores_of(facts, None))))
+
+
+def process_cpus(
+    facts: cpu.CpuFacts, nproc: int, cores_per_proc: int | None = None, cpus: str | None = None
+) -> list[tuple[int, ...]]:
+    """The logical CPUs of each of ``nproc`` processes: an explicit ``--cpus`` list, else the
+    allowed physical cores split in order (so a process stays on one socket where the
+    numbers allow), ``cores_per_proc`` each or as evenly as possible; a core's
+    hyperthread siblings go with it."""
+    if cpus:
+        groups = parse_process_cpus(cpus)
+        if nproc and nproc != len(groups):
+            raise ValueError(f"--cpus gives {len(groups)} CPU set(s) but --nproc is {nproc}")
+        allowed = set(facts.allowed_cpus)
+        seen: set[int] = set()
+        for group in groups:
+            outside = sorted(set(group) - allowed)
+            if outside:
+                raise ValueError(f"--cpus: CPU(s) {cpu_list_text(outside)} are not in this process's affinity mask")
+            twice = sorted(seen & set(group))
+            if twice:
+                raise ValueError(f"--cpus: CPU(s) {cpu_list_text(twice)} are in more than one process's set")
+            seen |= set(group)
+        return groups
+    cores = _cores_of(facts, None)
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, not {nproc}")
+    if cores_per_proc is not None:
+        if cores_per_proc < 1:
+            raise ValueError(f"--cores-per-proc must be at least 1, not {cores_per_proc}")
+        if nproc * cores_per_proc > len(cores):
+            raise ValueError(
+                f"{nproc} processes x {cores_per_proc} cores need {nproc * cores_per_proc} physical cores; "
+                f"this process may use {len(cores)}"
+            )
+        sizes = [cores_per_proc] * nproc
+    else:
+        if nproc > len(cores):
+            raise ValueError(
+                f"{nproc} processes need at least {nproc} physical cores; this process may use {len(cores)}"
+            )
+        base, extra = divmod(len(cores), nproc)
+        sizes = [base + (1 if i < extra else 0) for i in range(nproc)]
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(tuple(sorted(c for core in cores[start : start + size] for c in core)))
+        start += size
+    return groups
+
+
 def format_plan(p: Plan) -> str:
     lines = [f"runtime: {p.threads} thread(s), OpenMP {p.openmp}, allocator {p.allocator or 'default'}"]
     for s in p.settings:
@@ -248,3 +349,85 @@ def format_plan(p: Plan) -> str:
     if p.needs_reexec:
         lines.append("  (the interpreter is re-executed once so that LD_PRELOAD takes effect)")
     return "\n".join(lines)
+
+
+# --- applying a plan --------------------------------------------------------------------
+
+#: comma-separated names of the variables nanopatch set in this environment (not the user's)
+TUNED_VARIABLE = "NANOPATCH_TUNED"
+#: the CPUs the processes of this run may use; a child whose main thread OpenMP pinned to one
+#: CPU gets this set back
+CPUS_VARIABLE = "NANOPATCH_CPUS"
+#: OpenMP variables that pin the process that reads them (its main thread included)
+PIN_VARIABLES = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def tuned_names(environ: Mapping[str, str]) -> set[str]:
+    return {name for name in environ.get(TUNED_VARIABLE, "").split(",") if name}
+
+
+def apply(p: Plan, environ: dict[str, str] | None = None, only: Iterable[str] | None = None) -> dict[str, str]:
+    """Set the plan's variables (those in ``only``, if given) and record them as nanopatch's."""
+    environ = os.environ if environ is None else environ
+    wanted = None if only is None else set(only)
+    changes = {k: v for k, v in p.changes().items() if wanted is None or k in wanted}
+    environ.update(changes)
+    mark(environ, changes)
+    return changes
+
+
+def mark(environ: dict[str, str], names: Iterable[str]) -> None:
+    names = tuned_names(environ) | set(names)
+    if names:
+        environ[TUNED_VARIABLE] = ",".join(sorted(names))
+
+
+def reexec(environ: dict[str, str] | None = None) -> None:
+    """Start this interpreter again with the same command line (once: the marker stops a
+    second time), so that ``LD_PRELOAD`` takes effect. Returns only if exec fails."""
+    environ = os.environ if environ is None else environ
+    environ[REEXEC_MARKER] = "1"
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, environ)
+
+
+def keep_children_unpinned(cpus: Sequence[int], environ: dict[str, str] | None = None) -> None:
+    """OpenMP affinity pins this process's main thread to one CPU, and every thread and
+    process it starts inherits that mask: DataLoader workers would all share one CPU. Give
+    forked children the whole set back, and tell started ones (the bootstrap reads it)."""
+    environ = os.environ if environ is None else environ
+    environ[CPUS_VARIABLE] = cpu_list_text(cpus)
+    wanted = set(cpus)
+
+    def restore() -> None:
+        try:
+            os.sched_setaffinity(0, wanted)
+        except OSError:
+            pass
+
+    os.register_at_fork(after_in_child=restore)
+
+
+def unpin_started_child(environ: dict[str, str] | None = None) -> None:
+    """In a process started by a tuned one (the bootstrap calls this before torch loads):
+    take the run's whole CPU set back, and drop the pinning variables nanopatch set for
+    its parent, so this process's own OpenMP does not pin it to one CPU too."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(CPUS_VARIABLE)
+    if not text:
+        return
+    try:
+        os.sched_setaffinity(0, set(cpu.parse_cpu_list(text)))
+    except (OSError, ValueError):
+        pass
+    ours = tuned_names(environ)
+    for name in PIN_VARIABLES:
+        if name in ours:
+            environ.pop(name, None)
+    remaining = ours - set(PIN_VARIABLES)
+    if remaining:
+        environ[TUNED_VARIABLE] = ",".join(sorted(remaining))
+    else:
+        environ.pop(TUNED_VARIABLE, None)

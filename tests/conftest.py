@@ -22,7 +22,13 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
     not installed (a plain checkout)."""
     from nanopatch import config
 
-    private = {config.env_name(name) for name in config.OPTIONS} | {"NANOPATCH_LOG_LEVEL", "NANOPATCH_DECODER"}
+    private = {config.env_name(name) for name in config.OPTIONS} | {
+        "NANOPATCH_LOG_LEVEL",
+        "NANOPATCH_DECODER",
+        "NANOPATCH_TUNED",
+        "NANOPATCH_CPUS",
+        "NANOPATCH_RUNTIME_TUNED",
+    }
     env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]
     try:

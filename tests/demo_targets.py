@@ -36,11 +36,13 @@ _set_aside: dict[str, _patching.Target] = {}
 def register() -> None:
     """Add the demo targets. nanopatch's real ``training`` target wraps the same two torch
     attributes as ``demo-training``, so it is set aside meanwhile (it has its own tests in
-    test_training.py); :func:`unregister` puts it back."""
-    real = next((t for t in _patching.targets() if t.name == "training"), None)
-    if real is not None:
-        _set_aside["training"] = real
-        _patching.unregister("training")
+    test_training.py), and so is ``distributed``, which builds on it (tests in
+    test_launcher.py); :func:`unregister` puts them back."""
+    for name in ("training", "distributed"):
+        real = next((t for t in _patching.targets() if t.name == name), None)
+        if real is not None:
+            _set_aside[name] = real
+            _patching.unregister(name)
     _patching.register(VISION)
     _patching.register(TRAINING)
 
@@ -48,8 +50,9 @@ def register() -> None:
 def unregister() -> None:
     _patching.unregister(VISION.name)
     _patching.unregister(TRAINING.name)
-    if "training" in _set_aside:
-        _patching.register(_set_aside.pop("training"))
+    for name in ("training", "distributed"):
+        if name in _set_aside:
+            _patching.register(_set_aside.pop(name))
 
 
 def demo_subclass(stock: type) -> type:

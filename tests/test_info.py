@@ -21,7 +21,7 @@ from nanopatch import _info, config, cpu
 
 from conftest import child_env, run_python
 
-SECTIONS = ["CPU", "Packages", "PyTorch", "Image decoding", "Runtime environment", "Options"]
+SECTIONS = ["CPU", "Packages", "PyTorch", "Image decoding", "Runtime environment", "Runtime tuning", "Options"]
 JSON_KEYS = {"cpu", "packages", "torch", "ipex", "libturbojpeg", "opencv", "environment", "options"}
 
 
@@ -96,6 +96,8 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     assert [next(t for t in titles if t.startswith(s)) for s in SECTIONS] == titles[: len(SECTIONS)]
     assert section(sections, "Options") is sections["Options (argument > NANOPATCH_* > auto)"]
     assert trailing == []  # no warnings
+    tuning = section(sections, "Runtime tuning")
+    assert tuning["OMP_NUM_THREADS"] == "1  # set by you: kept"  # INFO_ENV sets it
 
     facts = cpu.host_facts()
     cpu_rows = sections["CPU"]
@@ -359,7 +361,8 @@ def make_info(**overrides):
 def test_format_table_on_a_hand_made_report():
     header, sections, trailing = parse_table(_info.format_table(make_info()))
     assert header == "nanopatch 9.8.7  |  Python 3.99.0  |  Linux-test"
-    assert list(sections) == [*SECTIONS[:-1], "Options (argument > NANOPATCH_* > auto)"]
+    untuned = [t for t in SECTIONS[:-1] if t != "Runtime tuning"]  # no "tuning" key: no such section
+    assert list(sections) == [*untuned, "Options (argument > NANOPATCH_* > auto)"]
     assert sections["CPU"] == {
         "model": "GenuineIntel Test Xeon",
         "logical CPUs": "8",
@@ -442,3 +445,28 @@ def test_format_table_broken_torchvision_targets_and_warnings():
         "training": "patched (torch)",
     }
     assert trailing == ["warning: first problem", "warning: second problem"]
+
+
+def test_format_table_shows_the_runtime_plan_and_each_process():
+    from nanopatch import runtime
+
+    plan = runtime.Plan(
+        (
+            runtime.Setting("OMP_NUM_THREADS", "2", "2 physical core(s) in this process's CPU set"),
+            runtime.Setting("LD_PRELOAD", "/lib/libjemalloc.so.2", "jemalloc appended to LD_PRELOAD"),
+        ),
+        2,
+        (0, 1),
+        "gnu",
+        "/lib/libjemalloc.so.2",
+    )
+    tuning = plan.as_dict()
+    tuning["processes"] = ["CPUs 0: OMP_NUM_THREADS=1", "CPUs 1: OMP_NUM_THREADS=1"]
+    _, sections, _ = parse_table(_info.format_table(make_info(tuning=tuning)))
+    rows = section(sections, "Runtime tuning")
+    assert rows["OMP_NUM_THREADS"] == "2  # 2 physical core(s) in this process's CPU set"
+    assert rows["LD_PRELOAD"].startswith("/lib/libjemalloc.so.2  # jemalloc appended")
+    assert "started again once" in rows["re-exec"]
+    assert rows["process 1"] == "CPUs 1: OMP_NUM_THREADS=1"
+    off = parse_table(_info.format_table(make_info(tuning=None)))[1]
+    assert off["Runtime tuning"] == {"tuning": "off (--no-tune): the environment is left as it is"}

@@ -119,6 +119,8 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
         "ipex",
         "compile",
         "fast_decode",
+        "data_parallel",
+        "auto_lr",
     }
     import json
 

@@ -162,3 +162,93 @@ def test_plan_report_is_readable(tmp_path):
     text = runtime.format_plan(p)
     assert "OMP_NUM_THREADS=4  # set by you: kept" in text and "re-executed once" in text
     assert p.as_dict()["needs_reexec"] is True
+
+
+# --- several processes: each one's CPUs and threads --------------------------------------------
+
+
+def test_two_processes_on_the_two_core_vm(tmp_path):
+    f = facts(tmp_path)
+    assert runtime.process_cpus(f, 2) == [(0,), (1,)]
+    assert runtime.process_cpus(f, 1) == [(0, 1)]
+    assert runtime.auto_nproc(f) == 1  # one socket
+    with pytest.raises(ValueError, match="3 processes need at least 3 physical cores"):
+        runtime.process_cpus(f, 3)
+    one = runtime.plan(cpu_facts_for(tmp_path, f, (1,)), {}, "gnu", allocator="default", share=2)
+    assert one.changes() == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"}
+
+
+def cpu_facts_for(tmp_path, f, cpus, **kwargs):
+    """The facts a process pinned to ``cpus`` sees on the machine of ``f``."""
+    return facts(tmp_path, cpuinfo=kwargs.pop("cpuinfo", FIXTURES / "epyc_zen4_2c_vm.cpuinfo"), allowed=cpus, **kwargs)
+
+
+def test_56_cores_on_2_sockets_split_by_socket_with_their_hyperthreads(tmp_path):
+    info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
+    f = facts(tmp_path, cpuinfo=info, allowed=range(112))
+    assert f.sockets == 2 and runtime.auto_nproc(f) == 2
+    first, second = runtime.process_cpus(f, 2)
+    assert first == tuple(range(28)) + tuple(range(56, 84))  # socket 0's cores and their siblings
+    assert second == tuple(range(28, 56)) + tuple(range(84, 112))
+    p = runtime.plan(facts(tmp_path, cpuinfo=info, allowed=second), {}, "gnu", allocator="default", share=2)
+    assert p.changes() == {"OMP_NUM_THREADS": "28", "GOMP_CPU_AFFINITY": ",".join(map(str, range(28, 56)))}
+    four = runtime.process_cpus(f, 4, cores_per_proc=4)
+    assert [len(g) for g in four] == [8, 8, 8, 8] and four[1] == (4, 5, 6, 7, 60, 61, 62, 63)
+    assert runtime.auto_nproc(f, cores_per_proc=8) == 7
+    uneven = runtime.process_cpus(f, 3)  # 56 = 19 + 19 + 18 cores
+    assert [len(g) // 2 for g in uneven] == [19, 19, 18]
+    with pytest.raises(ValueError, match="need 60 physical cores"):
+        runtime.process_cpus(f, 6, cores_per_proc=10)
+
+
+def test_processes_under_a_cgroup_quota_of_3_5_cpus_share_it(tmp_path):
+    info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
+    f = facts(tmp_path, cpuinfo=info, allowed=range(112), quota=3.5)
+    groups = runtime.process_cpus(f, 2)
+    pinned = facts(tmp_path, cpuinfo=info, allowed=groups[0], quota=3.5)
+    p = runtime.plan(pinned, {}, "gnu", allocator="default", share=2)
+    assert p.changes() == {"OMP_NUM_THREADS": "1"}  # 3.5 / 2 CPUs each, rounded down; not pinned
+    assert "split 2 ways" in setting(p, "OMP_NUM_THREADS").reason
+
+
+def test_processes_on_an_affinity_mask_of_0_2_4(tmp_path):
+    f = facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 2, 4))
+    assert runtime.process_cpus(f, 3) == [(0,), (2,), (4,)]
+    assert runtime.process_cpus(f, 2) == [(0, 2), (4,)]
+
+
+def test_explicit_cpu_sets(tmp_path):
+    f = facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=range(8))
+    assert runtime.parse_process_cpus("0-3,4-7") == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert runtime.parse_process_cpus("0,2;1,3") == [(0, 2), (1, 3)]
+    assert runtime.process_cpus(f, 0, cpus="0-3,4-7") == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    with pytest.raises(ValueError, match="2 CPU set"):
+        runtime.process_cpus(f, 3, cpus="0-3,4-7")
+    with pytest.raises(ValueError, match=r"CPU\(s\) 8-9 are not in this process's affinity mask"):
+        runtime.process_cpus(f, 0, cpus="6-9,0")
+    with pytest.raises(ValueError, match="3 are in more than one"):
+        runtime.process_cpus(f, 0, cpus="0-3;3-5")
+    with pytest.raises(ValueError, match="'x' is not a CPU list"):
+        runtime.parse_process_cpus("0-1,x")
+
+
+def test_variables_nanopatch_set_itself_are_not_the_users(tmp_path):
+    env = {"OMP_NUM_THREADS": "2", "NANOPATCH_TUNED": "OMP_NUM_THREADS"}
+    p = runtime.plan(facts(tmp_path, allowed=(1,)), env, "gnu", allocator="default", ours=runtime.tuned_names(env))
+    assert p.changes()["OMP_NUM_THREADS"] == "1"
+
+
+def test_children_get_the_whole_cpu_set_back(tmp_path):
+    env = {
+        "GOMP_CPU_AFFINITY": "0,1",
+        "OMP_NUM_THREADS": "2",
+        "NANOPATCH_TUNED": "GOMP_CPU_AFFINITY,OMP_NUM_THREADS",
+        "NANOPATCH_CPUS": runtime.cpu_list_text(cpu.allowed_cpus()),
+    }
+    runtime.unpin_started_child(env)
+    assert "GOMP_CPU_AFFINITY" not in env and env["OMP_NUM_THREADS"] == "2"
+    assert env["NANOPATCH_TUNED"] == "OMP_NUM_THREADS"
+    user = {"GOMP_CPU_AFFINITY": "0", "NANOPATCH_CPUS": env["NANOPATCH_CPUS"]}  # the user's own pinning stays
+    runtime.unpin_started_child(user)
+    assert user["GOMP_CPU_AFFINITY"] == "0"
+    assert runtime.cpu_list_text([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"

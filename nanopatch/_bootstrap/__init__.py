@@ -21,6 +21,12 @@ LOG_LEVEL_VARIABLE = "NANOPATCH_LOG_LEVEL"
 def start_child() -> None:
     """Patch this (child) process from the environment; never raise."""
     try:
+        from ..runtime import unpin_started_child
+
+        unpin_started_child()  # before torch (and its OpenMP) loads in this process
+    except Exception as exc:
+        sys.stderr.write(f"nanopatch: could not reset this process's CPU affinity: {exc}\n")
+    try:
         level = os.environ.get(LOG_LEVEL_VARIABLE)
         if level:
             from .._log import configure_stderr

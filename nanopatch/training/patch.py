@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _patching
+from .. import _patching, distributed
 from .._log import log_once, warn_once
 from . import amp, ipex, optim
 from . import memory_format as mf
@@ -90,6 +90,7 @@ class Plan:
     notes: list[str] = dataclasses.field(default_factory=list)
     installed: bool = False
     previous_forward: Any = _patching.NOTSET
+    ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -100,6 +101,7 @@ class Plan:
             "channels_last": {None: False, 4: "channels_last", 5: "channels_last_3d"}[self.rank],
             "ipex": self.ipex,
             "compile": self.compile_mode,
+            "data_parallel": self.ddp is not None,
             "stock": self.stock,
             "notes": list(self.notes),
         }
@@ -117,7 +119,7 @@ class AcceleratedForward:
         self.plan = plan
 
     def __getstate__(self) -> dict[str, Any]:
-        plan = dataclasses.replace(self.plan, compiled=None, fast_steps=[])
+        plan = dataclasses.replace(self.plan, compiled=None, fast_steps=[], ddp=None)
         return {"module": self.module, "plan": plan}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -154,6 +156,8 @@ class AcceleratedForward:
         dtype = _amp_dtype(self.module, plan)
         if plan.compile_mode and _config is not None:
             forward = _compiled(self.module, plan, forward)
+        if plan.ddp is not None and distributed.routes(plan.ddp, self.module):
+            forward = distributed.through(plan.ddp, forward)
         if dtype is None:
             return forward(*args, **kwargs)
         with amp.autocast(dtype):
@@ -332,6 +336,9 @@ def _accelerate(module: nn.Module, inner: nn.Module, optimizer: Any, plan: Plan,
     plan.amp_eval = bool(config.bf16_eval)
     plan.compile_mode = config.compile
     plan.stock = None
+    plan.ddp = distributed.attach(module, inner)
+    if plan.ddp is not None:
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {distributed.world_size()} processes")
     _install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -393,6 +400,7 @@ def _uninstall(module: nn.Module, plan: Plan) -> None:
             optim.restore_step(opt)
     plan.fast_steps.clear()
     plan.compiled = None
+    plan.ddp = None
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         mf.restore_model(_inner(module))
         plan.rank = None
@@ -556,7 +564,10 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     context = amp.autocast(dtype) if dtype is not None else None
     if context is not None:
         context.__enter__()
-    _tls("calls", []).append((module, context, dtype, plan))
+    ddp = plan.ddp if plan.ddp is not None and distributed.routes(plan.ddp, module) else None
+    if ddp is not None:
+        distributed.pre_forward(ddp)
+    _tls("calls", []).append((module, context, dtype, plan, ddp))
     return args
 
 
@@ -564,13 +575,15 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     calls = _tls("calls", [])
     if not calls or calls[-1][0] is not module:
         return None
-    _, context, dtype, plan = calls.pop()
+    _, context, dtype, plan, ddp = calls.pop()
     if context is not None:
         context.__exit__(None, None, None)
     if not calls and not _pending:
         _stop_discovery()
+    if ddp is not None and result is not None:
+        result = distributed.post_forward(ddp, result)
     if context is None or result is None:
-        return None
+        return result if ddp is not None else None
     return _finish(module, plan, result, dtype)
 
 

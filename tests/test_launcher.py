@@ -1,0 +1,248 @@
+"""The launcher as users run it: runtime tuning of one process, and ``--nproc`` data-parallel
+training of a script that knows nothing of torch.distributed (tests/data/dp_train.py)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from nanopatch import cpu, distributed, launch, runtime
+
+from conftest import TESTS_DIR, child_env, run_python
+
+SCRIPT = str(TESTS_DIR / "data" / "dp_train.py")
+TWO_CORES = len(cpu.host_facts().cores) >= 2
+
+
+def nanopatch(args, cwd, **env):
+    return run_python(["-m", "nanopatch", *args], cwd=cwd, env=child_env(env), timeout=300)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    return proc
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def assert_same_weights(a, b, atol):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=atol, rtol=0), (key, (a[key] - b[key]).abs().max().item())
+
+
+# --- one process: tuning ----------------------------------------------------------------------
+
+AFFINITY = """
+import json, multiprocessing as mp, os, sys
+
+
+def report(q):
+    q.put(sorted(os.sched_getaffinity(0)))
+
+
+if __name__ == "__main__":
+    import torch
+
+    out = {"main": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
+    out["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "LD_PRELOAD", "MALLOC_CONF")}
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    out["jemalloc"] = "jemalloc" in maps
+    for method in ("fork", "spawn"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=report, args=(q,))
+        p.start()
+        out[method] = q.get()
+        p.join()
+    print("RESULT " + json.dumps(out))
+"""
+
+
+def result(proc):
+    line = next(line for line in ok(proc).stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_tuned_run_sets_threads_affinity_and_allocator_and_children_keep_every_cpu(tmp_path):
+    script = tmp_path / "aff.py"
+    script.write_text(AFFINITY)
+    seen = result(nanopatch([str(script)], cwd=tmp_path))
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = len(cpu.host_facts().cores)
+    assert seen["env"]["OMP_NUM_THREADS"] == str(cores) and seen["threads"] == cores
+    assert seen["env"]["GOMP_CPU_AFFINITY"] == ",".join(str(core[0]) for core in cpu.host_facts().cores)
+    # OpenMP pins the main thread to the first CPU; DataLoader-style children get the whole set back
+    assert seen["fork"] == allowed and seen["spawn"] == allowed
+    jemalloc = runtime.find_allocator("jemalloc")
+    if jemalloc is not None:  # installed where the suite runs in CI (.ci/run)
+        assert seen["jemalloc"] and seen["env"]["LD_PRELOAD"].endswith(jemalloc)
+        assert seen["env"]["MALLOC_CONF"] == runtime.JEMALLOC_CONF
+    else:
+        assert not seen["jemalloc"] and seen["env"]["LD_PRELOAD"] is None
+    # --no-tune: nothing set, nothing pinned, nothing preloaded
+    plain = result(nanopatch(["--no-tune", str(script)], cwd=tmp_path))
+    assert plain["main"] == allowed and not plain["jemalloc"]
+    assert plain["env"] == {"OMP_NUM_THREADS": None, "GOMP_CPU_AFFINITY": None, "LD_PRELOAD": None, "MALLOC_CONF": None}
+
+
+def test_values_the_user_set_are_kept(tmp_path):
+    script = tmp_path / "aff.py"
+    script.write_text(AFFINITY)
+    seen = result(nanopatch(["--allocator", "default", str(script)], cwd=tmp_path, OMP_NUM_THREADS="1"))
+    assert seen["env"]["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
+    assert seen["env"]["LD_PRELOAD"] is None and not seen["jemalloc"]
+
+
+def test_info_shows_the_plan_for_one_process_and_for_several(tmp_path):
+    one = ok(nanopatch(["--info", "--allocator", "default"], cwd=tmp_path)).stdout
+    assert "Runtime tuning" in one and "OMP_NUM_THREADS" in one and "physical core(s)" in one
+    data = json.loads(ok(nanopatch(["--info", "--json", "--nproc", "1"], cwd=tmp_path)).stdout)
+    assert data["tuning"]["processes"][0].startswith("CPUs ")
+    bad = nanopatch(["--info", "--nproc", "999"], cwd=tmp_path)
+    assert bad.returncode == 2 and "999 processes need at least 999 physical cores" in bad.stderr
+
+
+def test_torchrun_gets_the_multi_node_options_unchanged():
+    parser = argparse.ArgumentParser()
+    launch.add_options(parser)
+    opts = parser.parse_args(
+        ["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400"]
+    )
+    argv = launch.torchrun_argv(opts, [(0, 1), (2, 3)], ["train.py", "--epochs", "3"])
+    assert "--standalone" not in argv
+    for pair in (["--nnodes", "2"], ["--node-rank", "1"], ["--master-addr", "10.0.0.1"], ["--master-port", "29400"]):
+        i = argv.index(pair[0])
+        assert argv[i : i + 2] == pair
+    assert argv[-8:] == ["-m", "nanopatch", "--rank-worker", "--rank-cpus", "0-1;2-3", "train.py", "--epochs", "3"]
+    single = launch.torchrun_argv(parser.parse_args(["--nproc", "2"]), [(0,), (1,)], ["-m", "pkg"])
+    assert "--standalone" in single and single[-2:] == ["-m", "pkg"]
+
+
+def test_learning_rate_warm_up():
+    factors = [distributed.lr_factor(step, 4, 8) for step in range(10)]
+    assert factors[0] == pytest.approx(1 + 3 / 8) and factors[7:] == [4.0, 4.0, 4.0]
+    assert all(a < b for a, b in itertools.pairwise(factors[:8]))
+    assert distributed.lr_factor(0, 1, 8) == 1.0
+
+
+# --- several processes --------------------------------------------------------------------------
+
+needs_two = pytest.mark.skipif(not TWO_CORES, reason="needs 2 physical cores")
+
+
+def dp_run(tmp_path, runner_args, script_args=(), name="dp"):
+    out = tmp_path / name
+    out.mkdir()
+    proc = nanopatch([*runner_args, SCRIPT, "--out", str(out), *script_args], cwd=tmp_path)
+    return proc, out
+
+
+def reference(tmp_path, script_args=(), name="ref"):
+    out = tmp_path / name
+    out.mkdir()
+    ok(run_python([SCRIPT, "--out", str(out), *script_args], cwd=tmp_path, env=child_env()))
+    return load(out / "single.pt")
+
+
+@needs_two
+def test_two_processes_match_one_process_with_the_doubled_batch(tmp_path):
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-auto-lr", "--no-bf16"], ["--batch", "4"])
+    ok(proc)
+    ranks = [load(out / "0.pt"), load(out / "1.pt")]
+    # only rank 0 prints
+    assert "hello from rank 0" in proc.stdout and "hello from rank 1" not in proc.stdout
+    # each process pinned to its own core, one OpenMP thread each
+    assert ranks[0]["cpus"] != ranks[1]["cpus"] and not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])
+    assert ranks[0]["threads"] == ranks[1]["threads"] == 1
+    # the training loader is sharded (in order here, as the loader asked): disjoint halves
+    assert all(r["sampler"] == "EpochDistributedSampler" and r["batches"] == 8 for r in ranks)
+    for epoch in range(2):
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert len(a) == len(b) == 32 and not set(a) & set(b) and sorted(a + b) == list(range(64))
+    # the validation loader is not: every process sees all of it
+    assert ranks[0]["val"] == ranks[1]["val"] == list(range(20)) * 2
+    assert ranks[0]["status"]["models"] == 1 and ranks[0]["status"]["world_size"] == 2
+    # same weights as one process with the doubled batch (the unused layer included)
+    ref = reference(tmp_path, ["--batch", "8"])
+    assert_same_weights(ranks[0]["state"], ranks[1]["state"], atol=0)
+    assert_same_weights(ranks[0]["state"], ref["state"], atol=1e-6)
+    # with bf16 (the default here when the CPU has it) within bf16 tolerance
+    proc, bf16 = dp_run(tmp_path, ["--nproc", "2", "--no-auto-lr"], ["--batch", "4"], name="bf16")
+    ok(proc)
+    assert_same_weights(load(bf16 / "0.pt")["state"], ref["state"], atol=2e-2)
+
+
+@needs_two
+def test_auto_lr_scales_the_step_by_the_world_size_after_a_warm_up(tmp_path):
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-bf16"], ["--batch", "4"])
+    ok(proc)
+    ranks = [load(out / "0.pt"), load(out / "1.pt")]
+    assert ranks[0]["lrs"] == [pytest.approx(0.1)]  # the script's param_groups keep its own value
+    warmup = ranks[0]["status"]["warmup_steps"]
+    assert warmup == 8  # one epoch of the sharded loader
+    # one process with the doubled batch whose script sets the scaled learning rates by hand
+    factors = ",".join(repr(distributed.lr_factor(i, 2, warmup)) for i in range(ranks[0]["steps"]))
+    ref = reference(tmp_path, ["--batch", "8", "--lr-factors", factors])
+    assert_same_weights(ranks[0]["state"], ranks[1]["state"], atol=0)
+    assert_same_weights(ranks[0]["state"], ref["state"], atol=1e-6)
+
+
+@needs_two
+def test_a_shuffling_loader_is_sharded_with_a_new_shuffle_each_epoch(tmp_path):
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-bf16"], ["--batch", "4", "--shuffle"])
+    ok(proc)
+    ranks = [load(out / "0.pt"), load(out / "1.pt")]
+    for epoch in range(2):
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert sorted(a + b) == list(range(64)) and a != sorted(a)
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]
+    assert_same_weights(ranks[0]["state"], ranks[1]["state"], atol=0)
+
+
+@needs_two
+def test_a_script_doing_its_own_ddp_is_left_alone(tmp_path):
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-bf16"], ["--batch", "4", "--own-ddp"])
+    ok(proc)
+    ranks = [load(out / "0.pt"), load(out / "1.pt")]
+    assert ranks[0]["sampler"] == "DistributedSampler" and ranks[0]["status"]["models"] == 0
+    assert "init_process_group" in ranks[0]["status"]["self_managed"] or "own" in ranks[0]["status"]["self_managed"]
+    assert ranks[0]["lrs"] == [pytest.approx(0.1)]
+    assert_same_weights(ranks[0]["state"], ranks[1]["state"], atol=0)
+    ref = reference(tmp_path, ["--batch", "8"])
+    assert_same_weights(ranks[0]["state"], ref["state"], atol=1e-6)  # its DDP, no auto-LR of ours
+
+
+@needs_two
+def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
+    proc, _ = dp_run(tmp_path, ["--nproc", "2", "--all-ranks-print"], ["--fail-rank", "1"])
+    assert proc.returncode == 1
+    assert "rank 1 of 2 failed with exit code 1" in proc.stderr
+    assert 'raise ValueError(f"rank {rank} is broken")' in proc.stderr and "ValueError: rank 1 is broken" in proc.stderr
+    assert "nanopatch/__main__.py" not in proc.stderr  # the script's frames, as plain python shows them
+    assert "hello from rank 0" in proc.stdout and "hello from rank 1" in proc.stdout  # --all-ranks-print
+    exits, _ = dp_run(tmp_path, ["--nproc", "2"], ["--fail-rank", "0", "--exit-code", "3"], name="exit")
+    assert exits.returncode == 3 and "rank 0 of 2 failed with exit code 3" in exits.stderr
+
+
+def test_bad_launcher_arguments(tmp_path):
+    for args, message in (
+        (["--nproc", "0"], "give a number of processes (at least 1) or 'auto'"),
+        (["--nproc", "many"], "give a number of processes (at least 1) or 'auto'"),
+        (["--cpus", "0-1,x"], "not a CPU list"),
+    ):
+        proc = nanopatch([*args, SCRIPT], cwd=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
