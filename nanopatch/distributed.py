@@ -70,6 +70,7 @@ _candidates: weakref.WeakSet = weakref.WeakSet()  # sequential loaders, decided 
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> steps taken
 _saved_lrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> lrs to restore
 _hooks: list[Any] = []
+_instance_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its own step
 
 
 @contextlib.contextmanager
@@ -145,10 +146,11 @@ def _self_managed(why: str) -> None:
 # --- the model ------------------------------------------------------------------------
 
 
-def attach(module: torch.nn.Module, inner: torch.nn.Module) -> Any:
+def attach(module: torch.nn.Module, inner: torch.nn.Module, optimizer: Any) -> Any:
     """Wrap the user's paired model in DDP; returns the wrapper, or None."""
     if not active() or inner is not module:  # already in a (D)DP wrapper: the script's own
         return None
+    _cover_instance_step(optimizer)
     ddp = _ddps.get(module)
     if ddp is None:
         from torch.nn.parallel import DistributedDataParallel
@@ -308,8 +310,26 @@ def lr_factor(step: int, world: int, warmup: int) -> float:
     return 1.0 + (world - 1) * (step + 1) / warmup
 
 
-def _pre_step(optimizer: Any, args: tuple, kwargs: dict) -> None:
-    if not active() or _is_internal():
+def _cover_instance_step(optimizer: Any) -> None:
+    """IPEX gives the optimizer an instance-level fused ``step``, which torch's optimizer
+    hooks never see: wrap that one instead."""
+    own = optimizer.__dict__.get("step")
+    if own is None or optimizer in _instance_steps:
+        return
+    _instance_steps[optimizer] = own
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        _pre_step(optimizer, args, kwargs, instance=True)
+        try:
+            return own(*args, **kwargs)
+        finally:
+            _post_step(optimizer, args, kwargs)
+
+    optimizer.step = step
+
+
+def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False) -> None:
+    if not active() or _is_internal() or (optimizer in _instance_steps and not instance):
         return
     step = _steps.get(optimizer, 0)
     _steps[optimizer] = step + 1
@@ -403,6 +423,9 @@ def unpatch() -> None:
     _config = None
     while _hooks:
         _hooks.pop().remove()
+    for optimizer, own in list(_instance_steps.items()):
+        optimizer.step = own
+    _instance_steps.clear()
     for ddp in list(_ddps.values()):
         ddp.nanopatch_detached = True
     _ddps.clear()

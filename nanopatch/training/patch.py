@@ -336,7 +336,7 @@ def _accelerate(module: nn.Module, inner: nn.Module, optimizer: Any, plan: Plan,
     plan.amp_eval = bool(config.bf16_eval)
     plan.compile_mode = config.compile
     plan.stock = None
-    plan.ddp = distributed.attach(module, inner)
+    plan.ddp = distributed.attach(module, inner, optimizer)
     if plan.ddp is not None:
         plan.notes.append(f"data-parallel: DistributedDataParallel over {distributed.world_size()} processes")
     _install(module, plan)
