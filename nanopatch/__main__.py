@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"(default: {'on' if kind == 'bool' else 'auto'}; env {config.env_name(name)})",
             )
     launch.add_options(parser)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="run the script twice, stock then patched (same arguments), and print a side-by-side table "
+        "of wall time, images/s, final loss and accuracy",
+    )
     parser.add_argument("--info", action="store_true", help="print the capability report and exit")
     parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
     parser.add_argument(
@@ -227,6 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
         return 2
+    if opts.compare:
+        from .compare import compare
+
+        if kind == "script" and not os.path.exists(target):
+            print(f"python -m nanopatch: error: can't open file {os.path.abspath(target)!r}", file=sys.stderr)
+            return 2
+        runner_options = [word for word in own if word != "--compare"]
+        return compare(runner_options, ["-m", target, *script_args] if kind == "module" else [target, *script_args])
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.
     launching = launch.wants_launch(opts)

@@ -1,0 +1,139 @@
+"""``python -m nanopatch --compare script.py [args]``: run a script stock, then patched, and
+compare.
+
+Both runs get the same arguments, the same environment (no ``NANOPATCH_*`` in the stock
+one) and ``PYTHONHASHSEED=0``; a script that seeds its RNGs sees the same random numbers in
+both. The stock run is plain ``python script.py args``, and the patched run is ``python -m
+nanopatch [your runner options] script.py args``. Their output is shown as it comes, each
+line prefixed with the run's name. Afterwards a table gives each run's wall time and exit
+code. It also gives the last images/s, loss and accuracy the script printed, recognised by
+their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``), and
+the speed-ups. The exit code is the first failing run's, else 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+_NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
+PATTERNS = {
+    "rate": re.compile(rf"({_NUMBER})\s*(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b", re.I),
+    "loss": re.compile(rf"\bloss\b\s*[:=]?\s*({_NUMBER})", re.I),
+    "accuracy": re.compile(rf"\bacc(?:uracy)?\b(?:@1)?\s*[:=]?\s*({_NUMBER})\s*(%?)", re.I),
+}
+
+
+@dataclasses.dataclass
+class Run:
+    name: str
+    command: list[str]
+    exit_code: int | None = None
+    seconds: float = 0.0
+    output: list[str] = dataclasses.field(default_factory=list)
+
+    def metric(self, key: str) -> tuple[float, str] | None:
+        """The last value the script printed with this label: (value, as printed with its
+        unit)."""
+        found = None
+        for line in self.output:
+            for match in PATTERNS[key].finditer(line):
+                unit = match.group(2) if key == "accuracy" else ""
+                found = (float(match.group(1)), match.group(1) + unit)
+        return found
+
+
+def stock_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment with nothing of nanopatch's in it: no ``NANOPATCH_*`` variables and no
+    bootstrap on ``PYTHONPATH`` (a compare run started from a patched process, say)."""
+    from ._bootstrap import BOOTSTRAP_DIR
+
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith("NANOPATCH_")}
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != BOOTSTRAP_DIR]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    else:
+        env.pop("PYTHONPATH", None)
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def execute(run: Run, env: dict[str, str], out=None) -> Run:
+    """Run it, echoing its output (stdout and stderr, merged) line by line with its name."""
+    out = sys.stdout if out is None else out
+    start = time.perf_counter()
+    with subprocess.Popen(
+        run.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            run.output.append(line.rstrip("\n"))
+            out.write(f"[{run.name}] {line}" if line.endswith("\n") else f"[{run.name}] {line}\n")
+            out.flush()
+        run.exit_code = proc.wait()
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _show(value: tuple[float, str] | None) -> str:
+    return "-" if value is None else value[1]
+
+
+def table(stock: Run, patched: Run) -> str:
+    """The side-by-side summary (speed-ups only when both runs succeeded)."""
+    failed = [r for r in (stock, patched) if r.exit_code]
+    rows = [
+        ("exit code", str(stock.exit_code), str(patched.exit_code), ""),
+        ("wall time", f"{stock.seconds:.1f} s", f"{patched.seconds:.1f} s", _ratio(stock.seconds, patched.seconds)),
+    ]
+    rate_s, rate_p = stock.metric("rate"), patched.metric("rate")
+    rows.append(("images/s", _show(rate_s), _show(rate_p), _ratio(rate_p[0], rate_s[0]) if rate_s and rate_p else ""))
+    if failed:
+        rows = [(*row[:3], "") for row in rows]
+    rows.append(("final loss", _show(stock.metric("loss")), _show(patched.metric("loss")), ""))
+    rows.append(("final accuracy", _show(stock.metric("accuracy")), _show(patched.metric("accuracy")), ""))
+    header = ("", "stock", "nanopatch", "speedup")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("-+-".join("-" * w for w in widths))
+    for row in rows:
+        lines.append(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if failed:
+        lines.append("")
+        lines.extend(f"{r.name} run failed with exit code {r.exit_code}: no speed-up is given" for r in failed)
+    return "\n".join(lines)
+
+
+def _ratio(numerator: float, denominator: float) -> str:
+    if not numerator or not denominator or numerator <= 0 or denominator <= 0:
+        return ""
+    return f"{numerator / denominator:.2f}x"
+
+
+def compare(runner_options: Sequence[str], target: Sequence[str], out=None) -> int:
+    """Run ``target`` (``script.py args`` or ``-m module args``) stock, then with the runner and
+    ``runner_options``; print the table; return the first failing run's exit code, else 0."""
+    out = sys.stdout if out is None else out
+    stock = Run("stock", [sys.executable, *target])
+    patched = Run("nanopatch", [sys.executable, "-m", "nanopatch", *runner_options, *target])
+    env = stock_environ()
+    patched_env = dict(env)
+    patched_env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
+    for run, run_env in ((stock, env), (patched, patched_env)):
+        out.write(f"== {run.name}: {' '.join(run.command[1:])}\n")
+        out.flush()
+        execute(run, run_env, out)
+    out.write("\n" + table(stock, patched) + "\n")
+    out.flush()
+    code = next((r.exit_code for r in (stock, patched) if r.exit_code), 0)
+    return code if code > 0 else (1 if code else 0)  # a run killed by a signal: 1
+
+
+def _package_parent() -> str:
+    """So that ``-m nanopatch`` finds this nanopatch even when it runs from a checkout."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
