@@ -394,20 +394,29 @@ def reexec(environ: dict[str, str] | None = None) -> None:
 
 
 def keep_children_unpinned(cpus: Sequence[int], environ: dict[str, str] | None = None) -> None:
-    """OpenMP affinity pins this process's main thread to one CPU, and every thread and
-    process it starts inherits that mask: DataLoader workers would all share one CPU. Give
-    forked children the whole set back, and tell started ones (the bootstrap reads it)."""
+    """OpenMP affinity pins this process's main thread to one CPU when torch loads it, and
+    every thread and process started from it inherits that mask: DataLoader workers would
+    all share one CPU (and torch would warn that one worker is all the machine can take).
+    Give the main thread the whole set back once torch is imported (OpenMP's other threads
+    stay pinned, and OpenMP does not pin the main thread again), give forked children the
+    set too, and tell started ones (the bootstrap reads it)."""
     environ = os.environ if environ is None else environ
     environ[CPUS_VARIABLE] = cpu_list_text(cpus)
     wanted = set(cpus)
 
-    def restore() -> None:
+    def restore(*_: object) -> None:
         try:
             os.sched_setaffinity(0, wanted)
         except OSError:
             pass
 
     os.register_at_fork(after_in_child=restore)
+    if "torch" in sys.modules:
+        restore()
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(restore, "torch")
 
 
 def unpin_started_child(environ: dict[str, str] | None = None) -> None:

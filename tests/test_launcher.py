@@ -53,6 +53,8 @@ if __name__ == "__main__":
     import torch
 
     out = {"main": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
+    torch.ones(512, 512) @ torch.ones(512, 512)  # a parallel region: OpenMP must not pin again
+    out["after"] = sorted(os.sched_getaffinity(0))
     out["env"] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "LD_PRELOAD", "MALLOC_CONF")}
     with open("/proc/self/maps") as f:
         maps = f.read()
@@ -81,7 +83,9 @@ def test_tuned_run_sets_threads_affinity_and_allocator_and_children_keep_every_c
     cores = len(cpu.host_facts().cores)
     assert seen["env"]["OMP_NUM_THREADS"] == str(cores) and seen["threads"] == cores
     assert seen["env"]["GOMP_CPU_AFFINITY"] == ",".join(str(core[0]) for core in cpu.host_facts().cores)
-    # OpenMP pins the main thread to the first CPU; DataLoader-style children get the whole set back
+    # OpenMP pins the main thread to the first CPU when torch loads; the main thread and
+    # DataLoader-style children get the whole set back
+    assert seen["main"] == seen["after"] == allowed
     assert seen["fork"] == allowed and seen["spawn"] == allowed
     jemalloc = runtime.find_allocator("jemalloc")
     if jemalloc is not None:  # installed where the suite runs in CI (.ci/run)
