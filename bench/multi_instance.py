@@ -40,6 +40,9 @@ How it is made fair:
 * Nothing else is timed: start-up, data generation, model building and warm-up are outside.
 * ``CPU`` is the CPU time of all processes over (wall time x the cores allowed): well below 100%
   means the processes idled (waiting on each other) or other processes took the cores.
+  ``other load`` tells which: the CPU time the rest of the machine took during a run (the busy
+  time in ``/proc/stat``, steal included, less the run's own processes), as a share of all CPUs,
+  the most of any round. Above 5%, the report warns that the variant's rates are suspect.
 
     PYTHONPATH=. python bench/multi_instance.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
         [--variants stock,untuned,tuned,nproc] [--nproc 2] [--json PATH]
@@ -54,6 +57,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import shlex
 import signal
 import statistics
@@ -68,6 +72,7 @@ SEED = 20250
 CLASSES = 1000
 DATASET_BATCHES = 8  # batches in the synthetic data set (a multiple of every --nproc tried: no partial shards)
 SETTLE_S = 0.5  # pause before each run
+OTHER_LOAD_WARNING = 0.05  # share of the machine's CPU time taken by other processes during a run
 GROUP = "resnet18"
 STOCK, UNTUNED, TUNED, NPROC = "stock", "untuned", "tuned", "nproc"
 VARIANTS = (STOCK, UNTUNED, TUNED, NPROC)
@@ -303,12 +308,31 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def machine_busy_s() -> float | None:
+    """CPU seconds all CPUs of the machine have spent busy since boot (steal included), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
     """One fresh process (group) of a variant: its rate, or its error."""
     out = tempfile.mkdtemp(prefix=f"{key}-", dir=workdir)
     argv = command(key, args, out)
     log_path = Path(out, "log.txt")
     expected = args.nproc if key == NPROC else 1
+    busy_before, ours_before = machine_busy_s(), children_cpu_s()
     started = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True)
@@ -319,6 +343,11 @@ def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: s
             proc.wait()
             return {"error": f"no result within {args.timeout:.0f} s (killed)", "log": tail(log_path)}
     wall = time.perf_counter() - started
+    busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
+    # CPU time of everything else on the machine during the run, as a share of all its CPUs
+    other_load = None
+    if busy_before is not None and busy_after is not None:
+        other_load = max(0.0, busy_after - busy_before - ours) / (wall * (os.cpu_count() or 1))
     ranks = []
     for path in sorted(Path(out).glob("rank*.json")):
         try:
@@ -338,6 +367,7 @@ def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: s
         "seconds": seconds,
         "cpu_s": sum(r["cpu_s"] for r in ranks),
         "wall_s": wall,
+        "other_load": other_load,
         "ranks": ranks,
     }
 
@@ -493,6 +523,15 @@ def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, core
             details["step_s_per_rank"] = [r["step_s"] for r in ok[-1]["ranks"]]
             details["setup_s"] = statistics.median(max(x["setup_s"] for x in r["ranks"]) for r in ok)
             details["wall_s"] = statistics.median(r["wall_s"] for r in ok)
+            loads = [r["other_load"] for r in ok if r["other_load"] is not None]
+            details["other_load"] = loads
+            busy = [f"{x * 100:.0f}%" for x in loads if x > OTHER_LOAD_WARNING]
+            details["load_warning"] = None
+            if busy:
+                details["load_warning"] = (
+                    f"other processes took {', '.join(busy)} of the machine's CPU time during "
+                    f"{plural(len(busy), 'run')} of {len(ok)}: those rates are suspect"
+                )
             details["problems"] = problems(key, details, physical, args.nproc) + [
                 f"{f} changed between rounds" for f in changed
             ]
@@ -557,12 +596,12 @@ def print_markdown(report: dict[str, Any]) -> None:
         f"per run after {report['warmup']} warm-up, each run a fresh process (group), order rotated each round; "
         f"1-min load average at start {m['loadavg_start']}"
     )
-    print("\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | ran with |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | other load | ran with |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for row in report["rows"]:
         if row["rate"] is None:
             error = " ".join(str(row.get("error", "?")).split()).replace("|", "/")
-            print(f"| {row['variant']} | failed |  |  |  |  | {error} |")
+            print(f"| {row['variant']} | failed |  |  |  |  |  | {error} |")
             continue
         d = row["details"]
         low, high = row["spread"]
@@ -573,6 +612,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             f"{row['ratio']:.2f}x" if row["ratio"] is not None else "",
             f"{row['ratio_to_tuned']:.2f}x" if "ratio_to_tuned" in row else "",
             f"{d['cpu_use'] * 100:.0f}%",
+            f"{max(d['other_load']) * 100:.0f}%" if d["other_load"] else "?",
             ran_with(d),
         ]
         print("| " + " | ".join(cells) + " |")
@@ -584,6 +624,8 @@ def print_markdown(report: dict[str, Any]) -> None:
     for row in report["rows"]:
         for problem in row["details"].get("problems", []) if row["rate"] is not None else []:
             print(f"- warning: `{row['variant']}`: {problem}")
+        if row["rate"] is not None and row["details"]["load_warning"]:
+            print(f"- warning: `{row['variant']}`: {row['details']['load_warning']}")
         if row.get("failed_runs"):
             print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {row['error']}")
     nproc_row = next((r for r in report["rows"] if r["key"] == NPROC and r["rate"] is not None), None)
@@ -597,7 +639,9 @@ def print_markdown(report: dict[str, Any]) -> None:
         )
     print(
         "\nimg/s: images of all processes / the slowest process's time for the timed steps; the median over "
-        "the rounds. CPU: CPU time of all processes / (wall time x cores allowed). ran with: what the workers "
+        "the rounds. CPU: CPU time of all processes / (wall time x cores allowed). other load: the most CPU "
+        "time other processes of the machine took during one of the variant's runs (from /proc/stat, less this "
+        "run's own), as a share of all CPUs. ran with: what the workers "
         "reported after the run (torch threads, CPU affinity when the process started, allocator mapped, "
         "process group)."
     )

@@ -54,6 +54,7 @@ def test_tiny_run_of_every_variant(tmp_path):
         details = row["details"]
         assert details["problems"] == [], (row["variant"], details["problems"])
         assert all(t >= 1 for t in details["threads"]) and details["affinity"]
+        assert len(details["other_load"]) == 1 and 0 <= details["other_load"][0] <= 1
         assert details["nanopatch_imported"] == [row["variant"] != "stock"] * details["processes"]
     assert rows["stock"]["ratio"] == 1.0
 
