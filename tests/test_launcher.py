@@ -59,6 +59,7 @@ if __name__ == "__main__":
     with open("/proc/self/maps") as f:
         maps = f.read()
     out["jemalloc"] = "jemalloc" in maps
+    out["tcmalloc"] = "tcmalloc" in maps
     for method in ("fork", "spawn"):
         ctx = mp.get_context(method)
         q = ctx.Queue()
@@ -87,15 +88,20 @@ def test_tuned_run_sets_threads_affinity_and_allocator_and_children_keep_every_c
     # DataLoader-style children get the whole set back
     assert seen["main"] == seen["after"] == allowed
     assert seen["fork"] == allowed and seen["spawn"] == allowed
-    jemalloc = runtime.find_allocator("jemalloc")
-    if jemalloc is not None:  # installed where the suite runs in CI (.ci/run)
-        assert seen["jemalloc"] and seen["env"]["LD_PRELOAD"].endswith(jemalloc)
-        assert seen["env"]["MALLOC_CONF"] == runtime.JEMALLOC_CONF
+    tcmalloc = runtime.find_allocator("tcmalloc")  # auto preloads tcmalloc only
+    if tcmalloc is not None:  # installed where the suite runs in CI (.ci/run)
+        assert seen["tcmalloc"] and seen["env"]["LD_PRELOAD"].endswith(tcmalloc) and not seen["jemalloc"]
     else:
-        assert not seen["jemalloc"] and seen["env"]["LD_PRELOAD"] is None
+        assert not seen["tcmalloc"] and seen["env"]["LD_PRELOAD"] is None
+    jemalloc = runtime.find_allocator("jemalloc")
+    if jemalloc is not None:  # installed in CI too
+        asked = result(nanopatch(["--allocator", "jemalloc", str(script)], cwd=tmp_path))
+        assert asked["jemalloc"] and asked["env"]["LD_PRELOAD"].endswith(jemalloc)
+        assert asked["env"]["MALLOC_CONF"] == runtime.JEMALLOC_CONF
+        assert asked["fork"] == allowed and asked["spawn"] == allowed
     # --no-tune: nothing set, nothing pinned, nothing preloaded
     plain = result(nanopatch(["--no-tune", str(script)], cwd=tmp_path))
-    assert plain["main"] == allowed and not plain["jemalloc"]
+    assert plain["main"] == allowed and not plain["jemalloc"] and not plain["tcmalloc"]
     assert plain["env"] == {"OMP_NUM_THREADS": None, "GOMP_CPU_AFFINITY": None, "LD_PRELOAD": None, "MALLOC_CONF": None}
 
 
@@ -104,7 +110,7 @@ def test_values_the_user_set_are_kept(tmp_path):
     script.write_text(AFFINITY)
     seen = result(nanopatch(["--allocator", "default", str(script)], cwd=tmp_path, OMP_NUM_THREADS="1"))
     assert seen["env"]["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
-    assert seen["env"]["LD_PRELOAD"] is None and not seen["jemalloc"]
+    assert seen["env"]["LD_PRELOAD"] is None and not seen["jemalloc"] and not seen["tcmalloc"]
 
 
 def test_info_shows_the_plan_for_one_process_and_for_several(tmp_path):
