@@ -116,9 +116,22 @@ def start() -> None:
 
 
 def finish() -> None:
-    """Tear the group down at the end of the script, if it is still nanopatch's."""
+    """Tear the group down at the end of the script, if it is still nanopatch's: first the
+    DDP wrappers that hold it (so that nothing of it is left for the interpreter's shutdown
+    to destroy in whatever order), then, once every rank got here, the group."""
     if _state.started and dist.is_initialized():
+        from .training import patch as training
+
+        for plan in list(training._plans.values()):
+            plan.ddp = None
+        for ddp in list(_ddps.values()):
+            ddp.nanopatch_detached = True
+        _ddps.clear()
+        import gc
+
+        gc.collect()
         with contextlib.suppress(Exception):
+            dist.barrier()
             dist.destroy_process_group()
     _state.started = False
 
