@@ -112,20 +112,10 @@ def variant_name(key: str, nproc: int) -> str:
 
 
 def build_model(name: str):
-    from torch import nn
-
     if name == "tiny":
-        return nn.Sequential(
-            nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(16),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(32),
-            nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32, CLASSES),
-        )
+        from train_step import tiny_model  # bench/ is the script's folder, first on sys.path
+
+        return tiny_model(CLASSES)
     import torchvision
 
     return getattr(torchvision.models, name)(weights=None, num_classes=CLASSES)

@@ -86,6 +86,24 @@ SHAPES = {
 DEFAULTS = {False: {"rounds": 5, "steps": 3, "warmup": 2}, True: {"rounds": 3, "steps": 1, "warmup": 1}}
 
 
+def tiny_model(classes: int = CLASSES):
+    """A small CNN (conv-BN-ReLU twice, pooled, linear) for the benches' own end-to-end
+    tests; bench/multi_instance.py uses it too."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, classes),
+    )
+
+
 def describe(model: str, shape: dict[str, int]) -> str:
     if model == "transformer":
         return (
@@ -124,17 +142,7 @@ class Job:
         else:
             batch, size = shape["image_batch"], shape["image_size"]
             if model_name == "tiny":
-                self.model = nn.Sequential(
-                    nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False),
-                    nn.BatchNorm2d(16),
-                    nn.ReLU(inplace=True),
-                    nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
-                    nn.BatchNorm2d(32),
-                    nn.ReLU(inplace=True),
-                    nn.AdaptiveAvgPool2d(1),
-                    nn.Flatten(),
-                    nn.Linear(32, CLASSES),
-                )
+                self.model = tiny_model()
             else:
                 import torchvision
 

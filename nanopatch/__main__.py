@@ -147,8 +147,6 @@ def export_environment(cfg: config.Config, log_level: str | None) -> None:
 
 
 def run_script(path: str, args: Sequence[str]) -> None:
-    if not os.path.exists(path):
-        raise _UsageError(f"can't open file {os.path.abspath(path)!r}: No such file or directory")
     # `python script.py` puts the script's directory first on sys.path; `python -m nanopatch`
     # put the current directory there instead, and the `nanopatch` command its bin/ folder.
     launcher_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
@@ -233,14 +231,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
         return 2
+    if kind == "script" and not os.path.exists(target):
+        print(
+            f"python -m nanopatch: error: can't open file {os.path.abspath(target)!r}: No such file or directory",
+            file=sys.stderr,
+        )
+        return 2
+    target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
     if opts.compare:
         from .compare import compare
 
-        if kind == "script" and not os.path.exists(target):
-            print(f"python -m nanopatch: error: can't open file {os.path.abspath(target)!r}", file=sys.stderr)
-            return 2
-        runner_options = [word for word in own if word != "--compare"]
-        return compare(runner_options, ["-m", target, *script_args] if kind == "module" else [target, *script_args])
+        return compare([word for word in own if word != "--compare"], target_argv)
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.
     launching = launch.wants_launch(opts)
@@ -249,9 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             launch.rank_cpus(opts)
         except ValueError as exc:
             parser.error(str(exc))
-        if kind == "script" and not os.path.exists(target):
-            print(f"python -m nanopatch: error: can't open file {os.path.abspath(target)!r}", file=sys.stderr)
-            return 2
         launch.tune_launcher(opts, may_reexec)
     elif opts.rank_worker:
         launch.start_worker(opts)
@@ -263,7 +261,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     export_environment(cfg, log_level)
     if launching:
-        target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
         return launch.launch(opts, target_argv)
 
     import nanopatch
@@ -280,9 +277,6 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
             run_module(target, script_args)
         else:
             run_script(target, script_args)
-    except _UsageError as exc:
-        print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
-        return 2
     except _NoModule as exc:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 1

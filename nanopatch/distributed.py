@@ -124,9 +124,7 @@ def finish() -> None:
 
         for plan in list(training._plans.values()):
             plan.ddp = None
-        for ddp in list(_ddps.values()):
-            ddp.nanopatch_detached = True
-        _ddps.clear()
+        _detach_all()
         import gc
 
         gc.collect()
@@ -145,13 +143,19 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _detach_all() -> None:
+    """Training forwards stop going through the DDP wrappers nanopatch made (a model whose
+    plan still holds one checks the flag), and nanopatch forgets them."""
+    for ddp in list(_ddps.values()):
+        ddp.nanopatch_detached = True
+    _ddps.clear()
+
+
 def _self_managed(why: str) -> None:
     if _state.self_managed is not None or not _state.started:
         return
     _state.self_managed = why
-    for ddp in list(_ddps.values()):
-        ddp.nanopatch_detached = True
-    _ddps.clear()
+    _detach_all()
     _candidates.clear()
     log_once("self-managed", "the script %s: nanopatch leaves its data-parallel set-up to it", why)
 
@@ -439,9 +443,7 @@ def unpatch() -> None:
     for optimizer, own in list(_instance_steps.items()):
         optimizer.step = own
     _instance_steps.clear()
-    for ddp in list(_ddps.values()):
-        ddp.nanopatch_detached = True
-    _ddps.clear()
+    _detach_all()
     _candidates.clear()
 
 

@@ -121,11 +121,27 @@ def wants_launch(opts: argparse.Namespace) -> bool:
 # --- a single process -----------------------------------------------------------------
 
 
+def _openmp() -> str:
+    return runtime.openmp_runtime(os.environ, runtime.torch_library_dirs())
+
+
 def current_plan(opts: argparse.Namespace, facts: cpu.CpuFacts | None = None, **kwargs: Any) -> runtime.Plan:
     facts = cpu.host_facts() if facts is None else facts
-    openmp = runtime.openmp_runtime(os.environ, runtime.torch_library_dirs())
     return runtime.plan(
-        facts, os.environ, openmp, allocator=opts.allocator, ours=runtime.tuned_names(os.environ), **kwargs
+        facts, os.environ, _openmp(), allocator=opts.allocator, ours=runtime.tuned_names(os.environ), **kwargs
+    )
+
+
+def rank_plan(cpus: Sequence[int], nproc: int, openmp: str | None = None) -> runtime.Plan:
+    """The threads and OpenMP affinity of one of ``nproc`` processes pinned to ``cpus`` (the
+    allocator is the launcher's, which they all inherit)."""
+    return runtime.plan(
+        cpu.facts(allowed=cpus),
+        os.environ,
+        _openmp() if openmp is None else openmp,
+        allocator="default",
+        share=nproc,
+        ours=runtime.tuned_names(os.environ),
     )
 
 
@@ -172,14 +188,7 @@ def describe_processes(opts: argparse.Namespace, p: runtime.Plan) -> dict[str, A
     groups = rank_cpus(opts)
     report["processes"] = []
     for group in groups:
-        share = runtime.plan(
-            cpu.facts(allowed=group),
-            os.environ,
-            p.openmp,
-            allocator="default",
-            share=len(groups),
-            ours=runtime.tuned_names(os.environ),
-        )
+        share = rank_plan(group, len(groups), p.openmp)
         settings = " ".join(f"{s.name}={s.effective}" for s in share.settings if s.effective is not None)
         report["processes"].append(f"CPUs {runtime.cpu_list_text(group)}: {settings}")
     report["threads"] = f"{len(groups)} process(es)"
@@ -225,10 +234,7 @@ def launch(opts: argparse.Namespace, target: Sequence[str]) -> int:
     facts = cpu.host_facts()
     # each rank sets its own threads; this keeps torchrun from setting 1 for all of them
     if not os.environ.get("OMP_NUM_THREADS") or "OMP_NUM_THREADS" in runtime.tuned_names(os.environ):
-        share = runtime.plan(
-            cpu.facts(allowed=groups[0]), {}, "unknown", allocator="default", share=len(groups)
-        ).threads
-        os.environ["OMP_NUM_THREADS"] = str(share)
+        os.environ["OMP_NUM_THREADS"] = str(rank_plan(groups[0], len(groups), "unknown").threads)
         runtime.mark(os.environ, ["OMP_NUM_THREADS"])
     os.environ.setdefault(runtime.CPUS_VARIABLE, runtime.cpu_list_text(facts.allowed_cpus))
     os.environ["NANOPATCH_DATA_PARALLEL"] = "1"
@@ -267,11 +273,7 @@ def start_worker(opts: argparse.Namespace) -> None:
     if groups:
         mine = groups[local_rank % len(groups)]
         pin_every_thread(set(mine))
-        facts = cpu.facts(allowed=mine)
-        openmp = runtime.openmp_runtime(os.environ, runtime.torch_library_dirs())
-        p = runtime.plan(
-            facts, os.environ, openmp, allocator="default", share=len(groups), ours=runtime.tuned_names(os.environ)
-        )
+        p = rank_plan(mine, len(groups))
         runtime.apply(p, only=RANK_VARIABLES if opts.tune else ("OMP_NUM_THREADS",))
         runtime.keep_children_unpinned(mine)
         logger.info("rank %s: CPUs %s\n%s", os.environ.get("RANK"), runtime.cpu_list_text(mine), runtime.format_plan(p))
