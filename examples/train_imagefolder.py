@@ -60,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(), help="where the demo set is kept")
     parser.add_argument("--num-images", type=int, default=400, help="size of the demo set (80%% train, 20%% val)")
     args = parser.parse_args()
+    for name in ("epochs", "batch_size", "image_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.data is None and args.num_images < 2 * len(SCENES):
         parser.error(f"--num-images must be at least {2 * len(SCENES)} (one train and one val image per class)")
     return args

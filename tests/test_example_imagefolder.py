@@ -134,6 +134,15 @@ def test_data_option_trains_on_a_given_folder(first_run, tmp_path):
     summary(proc)
 
 
+@pytest.mark.parametrize("option", ["--epochs", "--batch-size", "--image-size"])
+def test_a_count_below_one_is_a_usage_error(option, tmp_path):
+    proc = run_python([str(SCRIPT), option, "0", "--cache-dir", str(tmp_path)], env=child_env(), cwd=REPO_ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{option} must be at least 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir()), "nothing is generated before the arguments are checked"
+
+
 def test_script_does_not_import_nanopatch():
     tree = ast.parse(SCRIPT.read_text())
     for node in ast.walk(tree):
