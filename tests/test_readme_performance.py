@@ -1,0 +1,47 @@
+"""The README's performance table is the one bench/run.py renders from the report it names."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from test_bench_run import run
+
+from conftest import REPO_ROOT
+
+README = REPO_ROOT / "README.md"
+
+
+def performance_section() -> str:
+    text = README.read_text()
+    match = re.search(r"^## Performance\n(.*?)^## ", text, re.S | re.M)
+    assert match, "README has no '## Performance' section"
+    return match.group(1)
+
+
+def named_report() -> dict:
+    names = re.findall(r"\(bench/results/([^)]+)\.md\)", performance_section())
+    assert len(names) == 1, f"the section should link exactly one report, found {names}"
+    report = REPO_ROOT / "bench" / "results" / f"{names[0]}.json"
+    assert report.is_file(), f"{report} is not in the repository"
+    assert (report.with_suffix(".md")).is_file()
+    return json.loads(report.read_text())
+
+
+def table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+def test_readme_table_is_the_rendered_report():
+    results = named_report()
+    assert not results["quick"], "the README quotes a full run, not a quick one"
+    assert results["complete"] and not results["failures"]
+    assert table_lines(performance_section()) == table_lines(run.readme_table(results, run.BENCHES))
+
+
+def test_readme_names_the_reports_machine_and_date():
+    results = named_report()
+    section = performance_section()
+    assert results["started"][:10] in section
+    assert results["versions"]["torch"].split("+")[0] in section
+    assert "bench/run.py" in section
