@@ -12,6 +12,10 @@ an unmodified script writes it, on synthetic data with fixed seeds, for:
 in these variants, each in its own persistent worker process:
 
 * ``stock``: nanopatch is never imported (checked).
+* ``by-hand``: nanopatch is never imported; the step is edited the way PyTorch's CPU
+  performance advice has a user edit it: model and input in channels-last memory (image
+  models), forward and loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``. The ceiling
+  nanopatch aims at without edits: ``patched`` over ``by-hand`` is what the patch costs or adds.
 * ``patched``: ``nanopatch.patch_torch()`` (defaults) before the model and optimizer are built.
 * ``compile``: ``nanopatch.patch_torch(compile="default")``; compile time is reported apart.
 * ``ipex``: ``nanopatch.patch_torch()`` in an interpreter whose environment has
@@ -57,12 +61,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: mac
 
 import decode as decode_bench
 
-STOCK, PATCHED, COMPILE, IPEX, IPEX_STOCK = "stock", "patched", "compile", "ipex", "ipex-stock"
-VARIANTS = (STOCK, PATCHED, COMPILE, IPEX, IPEX_STOCK)
-DEFAULT_VARIANTS = (STOCK, PATCHED, COMPILE, IPEX)
+STOCK, BY_HAND, PATCHED, COMPILE = "stock", "by-hand", "patched", "compile"
+IPEX, IPEX_STOCK = "ipex", "ipex-stock"
+VARIANTS = (STOCK, BY_HAND, PATCHED, COMPILE, IPEX, IPEX_STOCK)
+DEFAULT_VARIANTS = (STOCK, BY_HAND, PATCHED, COMPILE, IPEX)
 #: variant -> patch_torch() keyword arguments; None: nanopatch is not imported at all
 PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
     STOCK: None,
+    BY_HAND: None,
     PATCHED: {},
     COMPILE: {"compile": "default"},
     IPEX: {},
@@ -125,12 +131,14 @@ def unit(model: str) -> str:
 
 
 class Job:
-    """A model, its optimizer and one synthetic batch, and the training step a script runs."""
+    """A model, its optimizer and one synthetic batch, and the training step a script runs;
+    ``by_hand``: the script edited for bf16 autocast and channels-last (the ``by-hand`` variant)."""
 
-    def __init__(self, model_name: str, shape: dict[str, int]) -> None:
+    def __init__(self, model_name: str, shape: dict[str, int], by_hand: bool = False) -> None:
         import torch
         from torch import nn
 
+        self.by_hand = by_hand
         torch.manual_seed(SEED)
         if model_name == "transformer":
             batch, seq = shape["text_batch"], shape["seq"]
@@ -147,17 +155,23 @@ class Job:
                 import torchvision
 
                 self.model = getattr(torchvision.models, model_name)(weights=None, num_classes=CLASSES)
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
             self.inputs = torch.randn(batch, 3, size, size)
+            if by_hand:
+                self.model = self.model.to(memory_format=torch.channels_last)
+                self.inputs = self.inputs.contiguous(memory_format=torch.channels_last)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
             self.targets = torch.randint(0, CLASSES, (batch,))
             self.samples_per_step = batch
         self.criterion = nn.CrossEntropyLoss()
         self.model.train()  # as a script's epoch loop does, after building the optimizer
 
     def step(self):
+        import torch
+
         self.optimizer.zero_grad(set_to_none=True)
-        output = self.model(self.inputs)
-        loss = self.criterion(output.reshape(-1, output.shape[-1]), self.targets.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.by_hand):
+            output = self.model(self.inputs)
+            loss = self.criterion(output.reshape(-1, output.shape[-1]), self.targets.reshape(-1))
         loss.backward()
         self.optimizer.step()
         return output, loss
@@ -187,12 +201,13 @@ def transformer_lm(seq: int):
     return TransformerLM()
 
 
-def compute_dtype(model, inputs) -> str | None:
+def compute_dtype(model, inputs, autocast: bool = False) -> str | None:
     """The dtype the first convolution or linear layer computes in (bfloat16 under autocast),
     from one extra forward pass without gradients on the eager model (a compiled model's
     ``_orig_mod``), with forward hooks that are removed at once: hooks on the compiled model
     would make torch.compile recompile. Layers are found by class name, so IPEX's replacements
-    (``_IPEXConv2d``, ``_IPEXLinear``) count too."""
+    (``_IPEXConv2d``, ``_IPEXLinear``) count too. ``autocast``: under bf16 autocast, as the
+    ``by-hand`` step runs its forward."""
     import torch
 
     model = getattr(model, "_orig_mod", model)
@@ -209,7 +224,7 @@ def compute_dtype(model, inputs) -> str | None:
     layers = [m for m in model.modules() if layer(m)]
     handles = [m.register_forward_hook(hook) for m in layers]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             model(inputs)
     finally:
         for handle in handles:
@@ -271,7 +286,7 @@ class Trainer:
 
             nanopatch.patch_torch(**options)  # before the model and optimizer are built
         imported = time.perf_counter()
-        job = self.job = Job(request["model"], request["shape"])
+        job = self.job = Job(request["model"], request["shape"], by_hand=request.get("by_hand", False))
         built = time.perf_counter()
         warmup_s = []
         for _ in range(request["warmup"]):
@@ -279,7 +294,7 @@ class Trainer:
             output, loss = job.step()
             loss.item()
             warmup_s.append(time.perf_counter() - start)
-        facts = observed(job, compute_dtype(job.model, job.inputs), output, loss)
+        facts = observed(job, compute_dtype(job.model, job.inputs, autocast=job.by_hand), output, loss)
         if options is None:
             assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
         reply: dict[str, Any] = {
@@ -503,7 +518,7 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
             warmup = args.warmup + (COMPILE_EXTRA_WARMUP if variant == COMPILE else 0)
             log(f"{model}: starting {variant} ({python}), {warmup} warm-up step(s)")
             worker = Worker(variant, python, env, args.timeout)
-            request = {"cmd": "setup", "model": model, "shape": shape, "warmup": warmup}
+            request = {"cmd": "setup", "model": model, "shape": shape, "warmup": warmup, "by_hand": variant == BY_HAND}
             try:
                 setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
             except WorkerFailed as exc:
