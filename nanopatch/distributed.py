@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import logging
 import threading
@@ -122,11 +123,8 @@ def finish() -> None:
     if _state.started and dist.is_initialized():
         from .training import patch as training
 
-        for plan in list(training._plans.values()):
-            plan.ddp = None
+        training.release_data_parallel()
         _detach_all()
-        import gc
-
         gc.collect()
         with contextlib.suppress(Exception):
             dist.barrier()

@@ -624,6 +624,13 @@ def unpatch() -> None:
                 del _plans[model]
 
 
+def release_data_parallel() -> None:
+    """Every model's plan lets go of its DDP wrapper (the process group is about to end)."""
+    with _lock:
+        for plan in list(_plans.values()):
+            plan.ddp = None
+
+
 def describe() -> list[dict[str, Any]]:
     """One entry per model nanopatch found, for ``nanopatch.status()``."""
     with _lock:
