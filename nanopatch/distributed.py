@@ -276,14 +276,9 @@ def _shard(loader: tud.DataLoader, shuffle: bool) -> None:
 
 def _training_now() -> bool:
     """Whether a model is being trained at this moment (a loader iterated now feeds it)."""
-    if not torch.is_grad_enabled():
-        return False
     from .training import patch as training
 
-    models = [m for m, plan in list(training._plans.items()) if plan.installed or plan.stock is not None]
-    if models:
-        return any(m.training for m in models)
-    return bool(training._pending)  # an optimizer waits for its model's first forward
+    return training.training_now()
 
 
 def _loader_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -334,7 +329,9 @@ def _cover_instance_step(optimizer: Any) -> None:
     _instance_steps[optimizer] = own
 
     def step(*args: Any, **kwargs: Any) -> Any:
-        _pre_step(optimizer, args, kwargs, instance=True)
+        changed = _pre_step(optimizer, (optimizer, *args), kwargs, instance=True)
+        if changed is not None:
+            args, kwargs = changed[0][1:], changed[1]
         try:
             return own(*args, **kwargs)
         finally:
@@ -343,12 +340,11 @@ def _cover_instance_step(optimizer: Any) -> None:
     optimizer.step = step
 
 
-def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False) -> None:
+def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False) -> tuple | None:
     if not active() or _is_internal() or (optimizer in _instance_steps and not instance):
-        return
+        return None
     step = _steps.get(optimizer, 0)
     _steps[optimizer] = step + 1
-    _average_uncovered(optimizer, first=step == 0)
     if _config is not None and _config.auto_lr:
         warmup = _state.warmup_steps or DEFAULT_WARMUP_STEPS
         factor = lr_factor(step, world_size(), warmup)
@@ -356,6 +352,30 @@ def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False)
             _saved_lrs[optimizer] = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * factor
+    closure, args, kwargs = _closure_of(args, kwargs)
+    if closure is None:
+        _average_uncovered(optimizer, first=step == 0)
+        return None
+
+    # The gradients exist only once the closure has run inside the step: average them then.
+    def averaged() -> Any:
+        loss = closure()
+        _average_uncovered(optimizer, first=step == 0)
+        return loss
+
+    kwargs["closure"] = averaged
+    return args, kwargs
+
+
+def _closure_of(args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """The ``closure`` of a ``step(closure)`` call (``args`` holds the optimizer first), and
+    the arguments without it."""
+    kwargs = dict(kwargs)
+    if "closure" in kwargs:
+        return kwargs.pop("closure"), args, kwargs
+    if len(args) > 1 and callable(args[1]):
+        return args[1], (args[0], *args[2:]), kwargs
+    return None, args, kwargs
 
 
 def _post_step(optimizer: Any, args: tuple, kwargs: dict) -> None:

@@ -7,7 +7,6 @@ import collections
 import copy
 import dataclasses
 import inspect
-import io
 import logging
 import socket
 import warnings
@@ -19,7 +18,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
-from nanopatch.training import amp
+from nanopatch.training import amp, discovery
 from nanopatch.training import patch as training
 
 torchvision = pytest.importorskip("torchvision")
@@ -50,7 +49,7 @@ class Probe:
 
 
 def plan_of(model: nn.Module):
-    return training._plans.get(model)
+    return training.plans.get(model)
 
 
 def train_steps(model, optimizer, x, y, steps=2, loss_fn=F.cross_entropy):
@@ -91,8 +90,8 @@ def test_resnet18_paired_at_train_runs_bf16_inside_and_returns_fp32():
         assert [d["model"] for d in details] == ["ResNet"]
         assert details[0]["bf16"] is True and details[0]["channels_last"] == "channels_last"
         assert details[0]["optimizers"] == ["SGD"]
-        # only the outermost .train() counts: no child module got a plan of its own
-        assert list(training._plans) == [model]
+        # only the outermost module called counts: no child module got a plan of its own
+        assert list(training.plans) == [model]
     # undone: the stock forward, stock strides, plain fp32
     assert "forward" not in model.__dict__
     assert model.conv1.weight.is_contiguous()
@@ -106,12 +105,12 @@ def test_optimizer_built_after_train_is_paired_at_the_first_forward():
         model.train()
         optimizer = torch.optim.Adam(model.parameters())
         probe = Probe(model[0])
-        assert training._discovery  # searching while the optimizer is unpaired
+        assert discovery._hooks  # searching while the optimizer is unpaired
         out = model(torch.randn(2, 3, 8, 8))
         assert probe.last() == torch.bfloat16  # this very first call is accelerated
         assert out.dtype == torch.float32
         assert not amp.autocast_enabled()  # nothing leaks out of the call
-        assert not training._discovery and not training._pending
+        assert not discovery._hooks and not discovery.pending
         assert plan_of(model).optimizers == ["Adam"]
         out.sum().backward()
         optimizer.step()
@@ -129,15 +128,32 @@ def test_script_that_never_calls_train_is_paired_in_grad_mode_only():
         assert plan_of(model) is not None and probe.dtypes == [torch.bfloat16, torch.bfloat16]
 
 
-def test_search_ends_at_the_first_step_when_no_model_is_found(caplog):
-    caplog.set_level(logging.INFO, logger="nanopatch")
+def test_search_ends_at_the_first_step_when_no_model_is_found_and_says_so_once():
     with nanopatch.patched(**NATIVE):
         weight = nn.Parameter(torch.randn(3))
         optimizer = torch.optim.SGD([weight], lr=0.1)
-        (weight * 2).sum().backward()
-        optimizer.step()
-        assert not training._pending and not training._discovery
-    assert any("no model was found for SGD" in r.getMessage() for r in caplog.records)
+        with pytest.warns(NanopatchWarning, match="accelerated no model for SGD: no module holding its parameters"):
+            (weight * 2).sum().backward()
+            optimizer.step()
+        assert not discovery.pending and not discovery._hooks
+        entry = nanopatch.status()["targets"]["training"]["details"][-1]
+        assert entry["model"] is None and entry["optimizers"] == ["SGD"] and "no module" in entry["stock"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            optimizer.step()  # said once
+
+
+def test_a_model_trained_around_its_accelerated_forward_is_reported():
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+        train_steps(model, optimizer, x, y, steps=1)  # found and accelerated
+        with pytest.warns(NanopatchWarning, match="did not run in the last 3 steps of SGD"):
+            for _ in range(4):  # the class's forward called directly: stock
+                optimizer.zero_grad()
+                F.cross_entropy(nn.Sequential.forward(model, x), y).backward()
+                optimizer.step()
 
 
 def test_gan_two_models_two_optimizers():
@@ -165,7 +181,7 @@ def test_gan_two_models_two_optimizers():
             opt_g.step()
         assert torch.isfinite(g_loss) and torch.isfinite(d_loss)
         assert plan_of(gen).optimizers == ["Adam"] and plan_of(disc).optimizers == ["Adam"]
-        assert len(training._plans) == 2
+        assert len(training.plans) == 2
 
 
 def test_transformer_models_get_bf16_and_channels_last_only_with_convolutions():
@@ -229,8 +245,10 @@ def test_model_wrapped_in_distributed_data_parallel():
             out, loss = train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
             assert out.dtype == torch.float32 and probe.last() == torch.bfloat16 and torch.isfinite(loss)
             described = plan_of(ddp).describe()
-            assert described["model"] == "DistributedDataParallel" and described["channels_last"] is False
-            assert any("already wrapped" in note for note in described["notes"])
+            # made channels-last before DDP laid its buckets out: no stride mismatch warning
+            assert described["model"] == "DistributedDataParallel" and described["channels_last"] == "channels_last"
+            assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+        assert model[0].weight.is_contiguous()  # undone
     finally:
         dist.destroy_process_group()
 
@@ -386,6 +404,7 @@ def test_eval_mode_keeps_autocast_unless_switched_off(bf16_eval):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
         model.train()
         probe = Probe(model[-1])
+        model(torch.randn(2, 3, 8, 8))  # a training call finds the model
         model.eval()
         with torch.no_grad():
             out = model(torch.randn(2, 3, 8, 8))
@@ -452,7 +471,7 @@ def test_a_failing_setup_leaves_the_model_stock(monkeypatch):
     def broken(model, rank):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(training.mf, "convert_model", broken)
+    monkeypatch.setattr(discovery.mf, "convert_model", broken)
     with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
         model = small_cnn()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -470,8 +489,8 @@ def test_fused_step_only_where_the_user_left_it_unset_and_checkpoints_stay_stock
         model = small_cnn()
         default = torch.optim.SGD(model.parameters(), lr=0.1)
         chosen = torch.optim.Adam(model.parameters(), foreach=False)
-        model.train()
-        flag = training.optim.choose_flag(default)
+        model(torch.randn(2, 3, 8, 8))  # the first training call finds the model
+        flag = discovery.optim.choose_flag(default)
         assert flag in ("fused", "foreach")
         assert default.param_groups[0][flag] is True
         assert chosen.param_groups[0]["foreach"] is False and chosen.param_groups[0]["fused"] is None
@@ -524,25 +543,29 @@ def test_trained_under_patched_then_used_under_unpatched_is_plain_fp32_and_comes
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_deepcopy_and_pickle_give_models_that_call_themselves():
+def test_deepcopies_and_pickles_carry_nothing_of_nanopatch(tmp_path):
     with nanopatch.patched(bf16=True, **NATIVE):
         model = small_cnn()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
-        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+        train_steps(model, optimizer, x, y)
+        assert isinstance(model.__dict__["forward"], nanopatch.training.forward.AcceleratedForward)
         ema = copy.deepcopy(model)
-        assert ema.forward.module is ema
+        assert "forward" not in ema.__dict__  # a plain copy: the class's forward
         ema_probe = Probe(ema[-1])
-        assert ema(torch.randn(2, 3, 8, 8)).dtype == torch.float32 and ema_probe.last() == torch.bfloat16
-        buffer = io.BytesIO()
-        torch.save(model, buffer)
-        buffer.seek(0)
-        loaded = torch.load(buffer, weights_only=False)
-        assert loaded.forward.module is loaded and loaded(torch.randn(2, 3, 8, 8)).dtype == torch.float32
+        assert ema(x).dtype == torch.float32 and ema_probe.last() == torch.float32
+        path = tmp_path / "model.pt"
+        torch.save(model, path)
+        loaded = torch.load(path, weights_only=False)
+        assert "forward" not in loaded.__dict__
+        torch.testing.assert_close(loaded.eval()(x), nn.Sequential.forward(model.eval(), x))
         assert inspect.signature(model.forward) == inspect.signature(small_cnn().forward)
-    # copies are undone with the rest
-    assert "forward" not in ema.__dict__ and "forward" not in loaded.__dict__
-    ema(torch.randn(2, 3, 8, 8))
-    assert ema_probe.last() == torch.float32
+        assert b"nanopatch" not in path.read_bytes()
+        with torch.serialization.safe_globals(
+            [nn.Sequential, nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Linear]
+        ):
+            torch.load(path, weights_only=True)  # what stock needs, and nothing more
+    assert "forward" not in model.__dict__
 
 
 def test_a_models_own_instance_forward_is_kept_and_restored():
@@ -572,7 +595,7 @@ def test_training_hooks_are_exactly_undone():
     nanopatch.unpatch_torch()
     assert torch.optim.Optimizer.__dict__["__init__"] is stock_init
     assert nn.Module.__dict__["train"] is stock_train
-    assert not training._discovery and not training._pending
+    assert not discovery._hooks and not discovery.pending
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
@@ -615,12 +638,10 @@ def test_real_compile_matches_eager():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         reference = copy.deepcopy(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - kept alive: it is what pairs
         x = torch.randn(4, 8)
+        model(x)  # the first training call finds the model; the next ones run compiled
         out = model(x)
-        out.sum().backward()
-        optimizer.step()
         assert plan_of(model).compiled is not None
         assert plan_of(model).compile_mode == "default"
     torch.testing.assert_close(out, nn.Sequential.forward(reference, x), rtol=1e-5, atol=1e-5)

@@ -34,11 +34,11 @@ def _clean_state():
     # An IPEX bf16 model cannot be un-optimized; unpatch says so once per model.
     with pytest.warns(NanopatchWarning) if _ipex_models() else _nothing():
         nanopatch.unpatch_torch()
-    training._plans.clear()
+    training.plans.clear()
 
 
 def _ipex_models() -> bool:
-    return any(plan.ipex and plan.installed for plan in training._plans.values())
+    return any(plan.ipex and plan.installed for plan in training.plans.values())
 
 
 class _nothing:
@@ -105,7 +105,7 @@ def test_ipex_checkpoint_loads_into_stock_and_resumes_under_the_patch():
     resumed.train()
     for x, y in batches[2:]:
         _steps(resumed, resumed_opt, x, y, 1)
-    assert training._plans[resumed].ipex
+    assert training.plans[resumed].ipex
     for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values(), strict=True):
         if a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3, msg=lambda m, name=name: f"{name}: {m}")
@@ -138,7 +138,7 @@ def test_optimizers_ipex_cannot_fuse_take_the_native_path():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()
     out = _steps(model, optimizer, torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3]), 2)
-    plan = training._plans[model]
+    plan = training.plans[model]
     assert not plan.ipex and out.dtype == torch.float32
     assert any("IPEX cannot fuse AdamW" in note for note in plan.notes)
     nanopatch.unpatch_torch()  # a native model: undone without a word
@@ -150,5 +150,5 @@ def test_ipex_bf16_run_learns_as_well_as_fp32():
     stock = train_and_score(data)
     nanopatch.patch_torch(bf16=True, ipex=True)
     patched = train_and_score(data)
-    assert any(plan.ipex for plan in training._plans.values())
+    assert any(plan.ipex for plan in training.plans.values())
     assert abs(patched - stock) <= 1.0, f"IPEX bf16 {patched:.2f}% vs fp32 {stock:.2f}%"

@@ -15,7 +15,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
-from nanopatch.training import patch as training
+from nanopatch.training import discovery
 
 from conftest import run_python
 
@@ -201,4 +201,4 @@ def test_discovery_hooks_do_not_outlive_the_search():
         assert module_mod._global_forward_pre_hooks  # searching: the optimizer is unpaired
         _run(model, optimizer, [(torch.randn(2, 1, 16, 16), torch.tensor([0, 1]))])
         assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
-        assert not training._pending
+        assert not discovery.pending

@@ -42,6 +42,36 @@ def autocast(dtype: torch.dtype) -> torch.autocast:
     return torch.autocast("cpu", dtype=dtype)
 
 
+def current_dtype() -> torch.dtype:
+    """The dtype of the CPU autocast in force."""
+    try:
+        return torch.get_autocast_dtype("cpu")
+    except AttributeError:  # torch < 2.4
+        return torch.get_autocast_cpu_dtype()
+
+
+def first_float_dtype(value: Any, depth: int = 0) -> torch.dtype | None:
+    """The dtype of the first floating tensor in ``value`` (a tensor, or the containers
+    models return), or None."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype if value.is_floating_point() else None
+    if depth > 4:
+        return None
+    if isinstance(value, (tuple, list)):
+        items = value
+    elif isinstance(value, Mapping):
+        items = value.values()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        return None
+    for item in items:
+        found = first_float_dtype(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def to_fp32(value: Any, dtype: torch.dtype = torch.bfloat16) -> Any:
     """``value`` with every floating tensor of ``dtype`` in it cast to float32.
 

@@ -1,0 +1,288 @@
+"""Finding the model wherever its training forward runs (closures, outer modules' methods,
+models built before patching, several regions), hook safety, output activations in fp32,
+and status reporting what really ran. Framework code (Lightning, HF, timm) is in
+test_frameworks.py; these use plain torch shaped like it."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nanopatch
+from nanopatch import NanopatchWarning
+from nanopatch.training import discovery
+from nanopatch.training import patch as training
+
+NATIVE = {"ipex": False, "bf16": True, "channels_last": True}
+
+
+class Probe:
+    """What a layer saw and computed in: (input channels-last, output dtype) per call."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.seen: list[tuple[bool, torch.dtype]] = []
+        module.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, out) -> None:
+        x = args[0]
+        channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        self.seen.append((channels_last, out.dtype))
+
+
+def cnn(classes: int = 4) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, classes),
+    )
+
+
+def details() -> list[dict]:
+    return nanopatch.status()["targets"]["training"]["details"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    nanopatch.unpatch_torch()
+    gc.collect()  # optimizers of earlier tests must not be found by the scan at patch time
+    yield
+    nanopatch.unpatch_torch()
+
+
+class LitLike(nn.Module):
+    """A LightningModule's shape: the framework calls ``training_step``, never ``__call__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = cnn()
+
+    def forward(self, x):
+        return self.model(x)
+
+    def training_step(self, batch, via_self: bool):
+        x, y = batch
+        out = self(x) if via_self else self.model(x)
+        return F.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("via_self", [False, True])
+def test_the_forward_inside_step_closure_of_an_outer_modules_method_is_found(via_self):
+    with nanopatch.patched(**NATIVE):
+        torch.manual_seed(0)
+        lit = LitLike()
+        optimizer = torch.optim.SGD(lit.parameters(), lr=0.1)
+        probe = Probe(lit.model[3])
+        batch = (torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+        for _ in range(3):
+
+            def closure():
+                optimizer.zero_grad()
+                loss = lit.training_step(batch, via_self)
+                loss.backward()
+                return loss
+
+            loss = optimizer.step(closure)  # forward and backward run inside the step
+        assert probe.seen and all(seen == (True, torch.bfloat16) for seen in probe.seen)
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        (entry,) = details()
+        assert entry["model"] == ("LitLike" if via_self else "Sequential")  # the module really called
+        assert entry["computed_in"] == "bfloat16" and entry["autocast"] == "nanopatch"
+        assert entry["training_calls"] == 3
+
+
+def test_status_lists_only_models_whose_forward_ran_in_training():
+    with nanopatch.patched(**NATIVE):
+        lit = LitLike()
+        optimizer = torch.optim.SGD(lit.parameters(), lr=0.1)
+        lit.train()  # the outer module is put in training mode, but never called
+        loss = lit.training_step((torch.randn(2, 3, 8, 8), torch.tensor([0, 1])), via_self=False)
+        loss.backward()
+        optimizer.step()
+        assert [d["model"] for d in details()] == ["Sequential"]
+
+
+def test_a_users_step_hooks_and_gradient_clipping_coexist_with_a_closure_step():
+    calls = {"pre": 0, "post": 0, "backward": 0, "state": 0}
+    with nanopatch.patched(**NATIVE):
+        model = cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        optimizer.register_step_pre_hook(lambda *a: calls.__setitem__("pre", calls["pre"] + 1))
+        optimizer.register_step_post_hook(lambda *a: calls.__setitem__("post", calls["post"] + 1))
+        model[-1].register_full_backward_hook(lambda *a: calls.__setitem__("backward", calls["backward"] + 1))
+        model.register_state_dict_post_hook(lambda *a: calls.__setitem__("state", calls["state"] + 1))
+        probe = Probe(model[3])
+        x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+
+        def closure():
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            return loss
+
+        for _ in range(3):
+            optimizer.step(closure)
+        model.state_dict()
+        assert calls == {"pre": 3, "post": 3, "backward": 3, "state": 1}
+        assert probe.seen[-1] == (True, torch.bfloat16)
+
+
+def test_models_and_optimizers_built_before_patching_are_found():
+    model = cnn()
+    optimizer = torch.optim.AdamW(model.parameters())
+    probe = Probe(model[3])
+    nanopatch.patch_torch(**NATIVE)
+    out = model(torch.randn(2, 3, 8, 8))
+    F.cross_entropy(out, torch.tensor([0, 1])).backward()
+    optimizer.step()
+    assert probe.seen == [(True, torch.bfloat16)] and out.dtype == torch.float32
+
+
+def test_a_decorated_training_function_is_accelerated_on_every_call_with_fresh_objects():
+    @nanopatch.patched(**NATIVE)
+    def train(model, optimizer, x, y):
+        for _ in range(2):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    for _ in range(2):
+        model = cnn()  # built outside the patched region, fresh each time
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        probe = Probe(model[3])
+        train(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert probe.seen == [(True, torch.bfloat16)] * 2
+        assert "forward" not in model.__dict__ and model[0].weight.is_contiguous()  # undone after the call
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = cnn(classes=8)
+        self.text = nn.Linear(5, 8)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, image, text, *, scale=1.0):
+        return self.head(torch.cat([self.image(image), self.text(text)], dim=1)) * scale
+
+
+def test_a_model_with_several_inputs_and_keyword_arguments():
+    with nanopatch.patched(**NATIVE):
+        model = TwoInputs()
+        optimizer = torch.optim.Adam(model.parameters())
+        probe = Probe(model.image[3])
+        for _ in range(2):
+            optimizer.zero_grad()
+            out = model(image=torch.randn(2, 3, 8, 8), text=torch.randn(2, 5), scale=0.5)
+            F.cross_entropy(out, torch.tensor([0, 1])).backward()
+            optimizer.step()
+        assert out.dtype == torch.float32 and probe.seen[-1] == (True, torch.bfloat16)
+        assert [d["model"] for d in details()] == ["TwoInputs"]
+
+
+def test_a_gan_accelerates_both_models():
+    with nanopatch.patched(**NATIVE):
+        torch.manual_seed(0)
+        gen = nn.Sequential(nn.Linear(8, 3 * 8 * 8), nn.Unflatten(1, (3, 8, 8)), nn.Conv2d(3, 3, 3, padding=1))
+        disc = nn.Sequential(cnn(classes=1), nn.Sigmoid())
+        opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+        opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+        probe_g, probe_d = Probe(gen[2]), Probe(disc[0][3])
+        for _ in range(2):
+            fake = gen(torch.randn(4, 8))
+            opt_d.zero_grad()
+            d_loss = F.binary_cross_entropy(disc(torch.randn(4, 3, 8, 8)), torch.ones(4, 1))
+            d_loss = d_loss + F.binary_cross_entropy(disc(fake.detach()), torch.zeros(4, 1))
+            d_loss.backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            g_loss = F.binary_cross_entropy(disc(fake), torch.ones(4, 1))
+            g_loss.backward()
+            opt_g.step()
+        assert probe_g.seen[-1][1] == torch.bfloat16 and probe_d.seen[-1] == (True, torch.bfloat16)
+        assert sorted(d["model"] for d in details()) == ["Sequential", "Sequential"]
+        assert all(d["computed_in"] == "float32" for d in details() if d["fp32_heads"])  # the sigmoid's output
+
+
+def test_a_sigmoid_head_feeding_bce_computes_in_fp32():
+    """In bf16, sigmoid(8) rounds to exactly 1.0 and BCE with target 0 sees log(0)."""
+    torch.manual_seed(0)
+
+    def head() -> nn.Module:
+        model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid())
+        with torch.no_grad():
+            model[2].bias.fill_(8.0)  # a confident logit
+        return model
+
+    x, target = torch.randn(8, 4), torch.zeros(8, 1)
+    stock_model = head()
+    stock_loss = F.binary_cross_entropy(stock_model(x), target)
+    assert torch.bfloat16 == torch.sigmoid(torch.tensor(8.0, dtype=torch.bfloat16)).dtype
+    assert torch.sigmoid(torch.tensor(8.0, dtype=torch.bfloat16)).item() == 1.0  # the failure nanopatch avoids
+    with nanopatch.patched(**NATIVE):
+        model = head()
+        model.load_state_dict(stock_model.state_dict())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        probe = Probe(model[2])
+        loss = F.binary_cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+        assert probe.seen[-1][1] == torch.bfloat16  # the layers still compute in bf16
+        assert details()[0]["fp32_heads"] == 1
+    # bf16 layers move the logit a little; the probabilities near 1 are what must survive
+    assert torch.isfinite(loss) and loss.item() < 50
+    torch.testing.assert_close(loss, stock_loss, rtol=0.05, atol=0.0)
+
+
+def test_the_heads_fp32_forward_is_undone_and_not_pickled(tmp_path):
+    with nanopatch.patched(**NATIVE):
+        model = nn.Sequential(nn.Linear(4, 3), nn.LogSoftmax(dim=1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        F.nll_loss(model(torch.randn(2, 4)), torch.tensor([0, 1])).backward()
+        optimizer.step()
+        assert "forward" in model[1].__dict__
+        torch.save(model, tmp_path / "m.pt")
+        assert b"nanopatch" not in (tmp_path / "m.pt").read_bytes()
+    assert "forward" not in model[1].__dict__ and "forward" not in model.__dict__
+
+
+def test_a_users_own_autocast_is_reported_as_the_frameworks_and_not_doubled():
+    with nanopatch.patched(**NATIVE):
+        model = cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        probe = Probe(model[3])
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(torch.randn(2, 3, 8, 8))
+            assert out.dtype == torch.bfloat16  # as stock under the user's autocast
+            F.cross_entropy(out.float(), torch.tensor([0, 1])).backward()
+            optimizer.step()
+        assert probe.seen[-1] == (True, torch.bfloat16)
+        (entry,) = details()
+        assert entry["autocast"] == "framework" and entry["computed_in"] == "bfloat16"
+
+
+def test_no_warning_for_an_accelerated_model_and_the_search_hooks_end():
+    from torch.nn.modules import module as module_mod
+
+    with nanopatch.patched(**NATIVE), warnings.catch_warnings():
+        warnings.simplefilter("error", NanopatchWarning)
+        model = cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert discovery._hooks
+        for _ in range(5):
+            optimizer.zero_grad()
+            F.cross_entropy(model(torch.randn(2, 3, 8, 8)), torch.tensor([0, 1])).backward()
+            optimizer.step()
+        assert not discovery._hooks and not discovery.pending
+        assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
+    assert training.summary() == []  # unpatched: nothing is accelerated now
