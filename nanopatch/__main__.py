@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import io
 import json
+import logging
 import os
 import runpy
 import sys
@@ -27,10 +28,14 @@ from . import __version__, config, launch
 from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
 from ._log import configure_stderr
 
+#: ``--compare`` asks the patched run to write its account of what it accelerated here
+REPORT_VARIABLE = "NANOPATCH_REPORT"
+
 USAGE = (
     "python -m nanopatch [options] script.py [args ...]\n"
     "       python -m nanopatch [options] -m module [args ...]\n"
     "       python -m nanopatch --nproc N [options] script.py [args ...]\n"
+    "       python -m nanopatch --compare [options] script.py [args ...]\n"
     "       python -m nanopatch --info [--json]"
 )
 
@@ -280,7 +285,28 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
     except _NoModule as exc:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        _report()
     return 0
+
+
+def _report() -> None:
+    """At the script's end: one line of what training ran with, at ``-v``; and the whole
+    account as JSON to ``NANOPATCH_REPORT`` when that is set (``--compare`` reads it), by
+    rank 0 only in a ``--nproc`` run."""
+    training = sys.modules.get("nanopatch.training.patch")
+    if training is None:
+        return
+    try:
+        lines = training.summary()
+        logger = logging.getLogger("nanopatch")
+        logger.info("trained: %s", "; ".join(lines) if lines else "no optimizer stepped, nothing was accelerated")
+        path = os.environ.get(REPORT_VARIABLE)
+        if path and os.environ.get("RANK", "0") == "0":
+            with open(path, "w") as f:
+                json.dump({"models": training.describe(), "summary": lines}, f, default=str)
+    except Exception as exc:  # the script's own outcome is what counts
+        print(f"nanopatch: could not report what it accelerated: {exc}", file=sys.stderr)
 
 
 def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:

@@ -7,19 +7,26 @@ both. The stock run is plain ``python script.py args``, and the patched run is `
 nanopatch [your runner options] script.py args``. Their output is shown as it comes, each
 line prefixed with the run's name. Afterwards a table gives each run's wall time and exit
 code. It also gives the last images/s, loss and accuracy the script printed, recognised by
-their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``), and
-the speed-ups. The exit code is the first failing run's, else 0.
+their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``), the
+speed-ups, and whether the patched run accelerated a model (from the account it writes at
+its end: which model, in which dtype and layout, or why none). The exit code is the first
+failing run's, else 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+
+REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.__main__ reads it
 
 _NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 PATTERNS = {
@@ -36,6 +43,7 @@ class Run:
     exit_code: int | None = None
     seconds: float = 0.0
     output: list[str] = dataclasses.field(default_factory=list)
+    report: dict | None = None  # the patched run's account of what it accelerated
 
     def metric(self, key: str) -> tuple[float, str] | None:
         """The last value the script printed with this label: (value, as printed with its
@@ -97,6 +105,7 @@ def table(stock: Run, patched: Run) -> str:
         rows = [(*row[:3], "") for row in rows]
     rows.append(("final loss", _show(stock.metric("loss")), _show(patched.metric("loss")), ""))
     rows.append(("final accuracy", _show(stock.metric("accuracy")), _show(patched.metric("accuracy")), ""))
+    rows.append(("model accelerated", "-", accelerated(patched.report), ""))
     header = ("", "stock", "nanopatch", "speedup")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     lines = [" | ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
@@ -107,6 +116,28 @@ def table(stock: Run, patched: Run) -> str:
         lines.append("")
         lines.extend(f"{r.name} run failed with exit code {r.exit_code}: no speed-up is given" for r in failed)
     return "\n".join(lines)
+
+
+def accelerated(report: dict | None) -> str:
+    """ "yes (what)" or "no (why)" from the patched run's report."""
+    if report is None:
+        return "no (the run reported nothing: it never imported torch, or nanopatch's training patch was off)"
+    models = report.get("models", [])
+    done = [m for m in models if m.get("model") and m.get("stock") is None and m.get("training_calls")]
+    if done:
+        parts = []
+        for m in done:
+            what = [f"computed in {m['computed_in']}"] if m.get("computed_in") else []
+            if m.get("channels_last"):
+                what.append("channels-last")
+            if m.get("ipex"):
+                what.append("IPEX")
+            parts.append(f"{m['model']}: {', '.join(what) or 'fused step only'}")
+        return "yes (" + "; ".join(parts) + ")"
+    reasons = [f"{m['model'] or ', '.join(m.get('optimizers', []))}: {m['stock']}" for m in models if m.get("stock")]
+    if reasons:
+        return "no (" + "; ".join(reasons) + ")"
+    return "no (no optimizer stepped: nothing to accelerate was found)"
 
 
 def _ratio(numerator: float, denominator: float) -> str:
@@ -124,10 +155,16 @@ def compare(runner_options: Sequence[str], target: Sequence[str], out=None) -> i
     env = stock_environ()
     patched_env = dict(env)
     patched_env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
-    for run, run_env in ((stock, env), (patched, patched_env)):
-        out.write(f"== {run.name}: {' '.join(run.command[1:])}\n")
-        out.flush()
-        execute(run, run_env, out)
+    with tempfile.TemporaryDirectory(prefix="nanopatch-compare-") as folder:
+        report = os.path.join(folder, "report.json")
+        patched_env[REPORT_VARIABLE] = report
+        for run, run_env in ((stock, env), (patched, patched_env)):
+            out.write(f"== {run.name}: {' '.join(run.command[1:])}\n")
+            out.flush()
+            execute(run, run_env, out)
+        with contextlib.suppress(OSError, ValueError):
+            with open(report) as f:
+                patched.report = json.load(f)
     out.write("\n" + table(stock, patched) + "\n")
     out.flush()
     code = next((r.exit_code for r in (stock, patched) if r.exit_code), 0)

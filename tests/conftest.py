@@ -28,6 +28,7 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_TUNED",
         "NANOPATCH_CPUS",
         "NANOPATCH_RUNTIME_TUNED",
+        "NANOPATCH_REPORT",
     }
     env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]

@@ -69,6 +69,7 @@ def test_both_runs_get_the_arguments_and_only_the_second_is_patched_with_the_opt
     assert rows["images/s"] == ["10.0", "20.0", "2.00x"]  # the last one printed
     assert rows["final loss"] == ["0.2500", "0.2500", ""]  # the final line comes after stderr's
     assert rows["final accuracy"] == ["62.50%", "62.50%", ""]
+    assert rows["model accelerated"][1].startswith("no (the run reported nothing")  # it never imported torch
     assert "[stock] step 9 loss=0.75 acc: 0.5" in proc.stdout  # stderr shown too, with its run's name
 
 
@@ -110,3 +111,52 @@ def test_the_stock_environment_has_nothing_of_nanopatch():
 
     env = compare.stock_environ({"NANOPATCH_BF16": "0", "PYTHONPATH": f"{BOOTSTRAP_DIR}:/x", "HOME": "/h"})
     assert env == {"PYTHONPATH": "/x", "HOME": "/h", "PYTHONHASHSEED": "0"}
+
+
+TRAIN = """
+import sys
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+weight = nn.Parameter(torch.zeros(2))
+optimizer = torch.optim.SGD(model.parameters() if "--bare" not in sys.argv else [weight], lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    x = torch.randn(4, 3, 8, 8)
+    out = model(x) if "--bare" not in sys.argv else x.mean((1, 2, 3))[:, None] * weight
+    F.cross_entropy(out, torch.tensor([0, 1, 0, 1])).backward()
+    optimizer.step()
+print("done")
+"""
+
+
+@pytest.mark.parametrize(
+    ("runner", "script_args", "expected"),
+    [
+        (["--bf16", "--channels-last"], [], "yes (Sequential: computed in bfloat16, channels-last)"),
+        (["--no-training"], [], "no (the run reported nothing"),
+        (["--bf16"], ["--bare"], "no (SGD: no module holding its parameters was called"),
+    ],
+)
+def test_the_table_says_whether_a_model_was_accelerated_and_why_not(tmp_path, runner, script_args, expected):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = run_python(
+        ["-m", "nanopatch", "--compare", "--no-ipex", *runner, str(script), *script_args],
+        cwd=tmp_path,
+        env=child_env(),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert table_rows(proc.stdout)["model accelerated"][1].startswith(expected), proc.stdout
+
+
+def test_the_runner_says_what_it_trained_at_the_end_with_v(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = run_python(["-m", "nanopatch", "-v", "--no-ipex", "--bf16", str(script)], cwd=tmp_path, env=child_env())
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "trained:" in line]
+    assert "Sequential: computed in bfloat16, nanopatch autocast, channels-last" in line
+    assert "(2 training calls)" in line
