@@ -190,6 +190,11 @@ def _current_target() -> str:
     return name
 
 
+def current_target() -> str:
+    """The name of the target whose ``patch()`` is running (one patcher may serve several)."""
+    return _current_target()
+
+
 # --- what target modules call ---------------------------------------------------------
 
 
@@ -480,3 +485,5 @@ def status() -> dict[str, Any]:
 register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))
 register(Target(name="training", option="training", module="torch", patcher="nanopatch.training.patch"))
 register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.distributed"))
+for _name, _module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
+    register(Target(name=_name, option="data_parallel", module=_module, patcher="nanopatch.training.lightning"))

@@ -210,7 +210,8 @@ def test_a_gan_accelerates_both_models():
             opt_g.step()
         assert probe_g.seen[-1][1] == torch.bfloat16 and probe_d.seen[-1] == (True, torch.bfloat16)
         assert sorted(d["model"] for d in details()) == ["Sequential", "Sequential"]
-        assert all(d["computed_in"] == "float32" for d in details() if d["fp32_heads"])  # the sigmoid's output
+        assert [d["fp32_heads"] for d in details()] == [0, 1] or [d["fp32_heads"] for d in details()] == [1, 0]
+        assert all(d["computed_in"] == "bfloat16" for d in details())  # probed in the layers
 
 
 def test_a_sigmoid_head_feeding_bce_computes_in_fp32():
@@ -286,3 +287,23 @@ def test_no_warning_for_an_accelerated_model_and_the_search_hooks_end():
         assert not discovery._hooks and not discovery.pending
         assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
     assert training.summary() == []  # unpatched: nothing is accelerated now
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {"strategy": "ddp", "devices": 2, "num_nodes": 1}),
+        ({"max_epochs": 1, "accelerator": "cpu"}, {"strategy": "ddp", "devices": 2, "num_nodes": 1}),
+        ({"strategy": "ddp_spawn"}, {"strategy": "ddp_spawn"}),  # the script's own choice stands
+        ({"devices": 1}, {"devices": 1}),
+    ],
+)
+def test_a_lightning_trainer_in_a_nproc_process_gets_lightnings_ddp(monkeypatch, given, expected):
+    from nanopatch import distributed
+    from nanopatch.training import lightning
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    options = lightning.trainer_options(dict(given))
+    assert {k: options[k] for k in expected} == expected
+    assert {k: options[k] for k in given} == {**given, **{k: v for k, v in expected.items() if k in given}}

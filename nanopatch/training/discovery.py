@@ -370,7 +370,8 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     ddp = plan.ddp if plan.ddp is not None and distributed.routes(plan.ddp, module) else None
     if ddp is not None:
         distributed.pre_forward(ddp)
-    tls("calls", []).append((module, context, dtype, plan, ddp))
+    probe = fw.Probe().__enter__()
+    tls("calls", []).append((module, context, dtype, plan, ddp, probe))
     return args
 
 
@@ -378,7 +379,8 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     calls = tls("calls", [])
     if not calls or calls[-1][0] is not module:
         return None
-    _, context, dtype, plan, ddp = calls.pop()
+    _, context, dtype, plan, ddp, probe = calls.pop()
+    probe.__exit__(None, None, None)
     if context is not None:
         context.__exit__(None, None, None)
     if not calls and not pending:
@@ -386,7 +388,7 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     if ddp is not None and result is not None:
         result = distributed.post_forward(ddp, result)
     if module.training and torch.is_grad_enabled():
-        fw.observe(plan, result, dtype)
+        fw.observe(plan, probe, dtype)
     if context is None or result is None:
         return result if ddp is not None else None
     return fw.finish(module, plan, result, dtype)

@@ -16,6 +16,7 @@ so ``torch.save(model)`` loads anywhere, and a copy runs the class's own forward
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Any
@@ -88,16 +89,16 @@ class AcceleratedForward(_InstanceForward):
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and distributed.routes(plan.ddp, module):
             forward = distributed.through(plan.ddp, forward)
-        if dtype is None:
-            out = forward(*args, **kwargs)
-            if training:
-                observe(plan, out, None)
-            return out
-        with ours(dtype):
-            out = forward(*args, **kwargs)
+        probe = Probe() if training and plan.training_calls % PROBE_EVERY == 0 else None
+        with probe if probe is not None else _nothing:
+            if dtype is None:
+                out = forward(*args, **kwargs)
+            else:
+                with ours(dtype):
+                    out = forward(*args, **kwargs)
         if training:
-            observe(plan, out, dtype)
-        return finish(module, plan, out, dtype)
+            observe(plan, probe, dtype)
+        return out if dtype is None else finish(module, plan, out, dtype)
 
 
 class Fp32Forward(_InstanceForward):
@@ -128,14 +129,47 @@ class ours:
         self._autocast.__exit__(*exc)
 
 
-def observe(plan: Plan, out: Any, dtype: torch.dtype | None) -> None:
-    """Record a training call: the dtype it computed in, and whose autocast that was."""
+#: a training call in this many is probed for the dtype its layers computed in
+PROBE_EVERY = 50
+
+_nothing = contextlib.nullcontext()
+
+
+class Probe:
+    """While entered, a global forward hook notes the dtypes that the model's layers (modules
+    with parameters of their own) produce; ``dtype`` is the lowest precision seen."""
+
+    def __init__(self) -> None:
+        self.dtype: torch.dtype | None = None
+        self._handle: Any = None
+
+    def __enter__(self) -> Probe:
+        from torch.nn.modules import module as module_mod
+
+        self._handle = module_mod.register_module_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()  # torch copies the hook dict before it iterates: safe mid-call
+
+    def _hook(self, module: nn.Module, args: Any, out: Any) -> None:
+        if not module._parameters:
+            return
+        dtype = amp.first_float_dtype(out)
+        if dtype is not None and (self.dtype is None or torch.finfo(dtype).bits < torch.finfo(self.dtype).bits):
+            self.dtype = dtype
+
+
+def observe(plan: Plan, probe: Probe | None, dtype: torch.dtype | None) -> None:
+    """Record a training call: the dtype its layers computed in (when probed), and whose
+    autocast was on."""
     if dtype is not None:
-        plan.observe(amp.first_float_dtype(out), "nanopatch")
+        source = "nanopatch"
     elif amp.autocast_enabled():
-        plan.observe(amp.current_dtype(), "framework")
+        source = "framework"
     else:
-        plan.observe(amp.first_float_dtype(out), None)
+        source = None
+    plan.observe(probe.dtype if probe is not None else None, source)
 
 
 def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:
