@@ -487,3 +487,4 @@ register(Target(name="training", option="training", module="torch", patcher="nan
 register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.distributed"))
 for _name, _module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
     register(Target(name=_name, option="data_parallel", module=_module, patcher="nanopatch.training.lightning"))
+del _name, _module
