@@ -37,8 +37,8 @@ def register() -> None:
     """Add the demo targets. nanopatch's real ``training`` target wraps the same two torch
     attributes as ``demo-training``, so it is set aside meanwhile (it has its own tests in
     test_training.py), and so is ``distributed``, which builds on it (tests in
-    test_launcher.py); :func:`unregister` puts them back."""
-    for name in ("training", "distributed"):
+    test_launcher.py), with the Lightning targets that build on that; :func:`unregister` puts them back."""
+    for name in ("training", "distributed", "lightning", "pytorch_lightning"):
         real = next((t for t in _patching.targets() if t.name == name), None)
         if real is not None:
             _set_aside[name] = real
@@ -50,7 +50,7 @@ def register() -> None:
 def unregister() -> None:
     _patching.unregister(VISION.name)
     _patching.unregister(TRAINING.name)
-    for name in ("training", "distributed"):
+    for name in ("training", "distributed", "lightning", "pytorch_lightning"):
         if name in _set_aside:
             _patching.register(_set_aside.pop(name))
 

@@ -307,3 +307,49 @@ def test_a_lightning_trainer_in_a_nproc_process_gets_lightnings_ddp(monkeypatch,
     options = lightning.trainer_options(dict(given))
     assert {k: options[k] for k in expected} == expected
     assert {k: options[k] for k in given} == {**given, **{k: v for k, v in expected.items() if k in given}}
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.rnn = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, tokens):
+        return self.head(self.rnn(self.embed(tokens))[0])
+
+
+def test_a_recurrent_model_keeps_bf16_only_if_it_measured_faster():
+    with nanopatch.patched(**NATIVE):
+        model = Recurrent()
+        optimizer = torch.optim.Adam(model.parameters())
+        probe = Probe(model.head)
+        tokens = torch.randint(0, 50, (4, 8))
+        for _ in range(3 + 2 * 4):  # 3 warm-up steps, then 4 timed steps in each mode
+            optimizer.zero_grad()
+            F.cross_entropy(model(tokens).reshape(-1, 50), tokens.reshape(-1)).backward()
+            optimizer.step()
+        dtypes = [dtype for _, dtype in probe.seen]
+        assert dtypes[:3] == [torch.bfloat16] * 3 and dtypes[3:] == [torch.float32, torch.bfloat16] * 4
+        plan = training.plans[model]
+        assert plan.trial is None and any("measured" in note for note in plan.notes)
+        optimizer.zero_grad()
+        model(tokens).sum().backward()
+        expected = torch.float32 if plan.amp_dtype is None else torch.bfloat16
+        assert probe.seen[-1][1] == expected  # the decision holds from then on
+
+
+@pytest.mark.parametrize(("bf16_ms", "fp32_ms", "kept"), [(10, 20, True), (20, 10, False), (10.4, 10, True)])
+def test_the_trials_decision(bf16_ms, fp32_ms, kept):
+    from nanopatch.training.plan import Plan, Trial
+
+    plan = Plan(name="M", amp_dtype=torch.bfloat16)
+    plan.trial = trial = Trial()
+    now = 0.0
+    while plan.trial is not None:
+        now += (bf16_ms if trial.bf16 else fp32_ms) / 1e3
+        trial.on_step(plan, now)
+    assert (plan.amp_dtype is not None) is kept
+    assert trial.times[True] == pytest.approx([bf16_ms / 1e3] * 4)
+    assert trial.times[False] == pytest.approx([fp32_ms / 1e3] * 4)

@@ -35,7 +35,7 @@ from .._log import log_once, warn_once
 from . import forward as fw
 from . import ipex, optim
 from . import memory_format as mf
-from .plan import Plan, config, local, lock, plans, tls
+from .plan import Plan, Trial, config, doubtful, local, lock, plans, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -173,6 +173,8 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     keep = plan.ipex and plan.amp_dtype is not None  # IPEX bf16 weights need autocast
     plan.amp_dtype = torch.bfloat16 if bf16 or keep else None
     plan.amp_eval = bool(cfg.bf16_eval)
+    if plan.amp_dtype is not None and not plan.ipex and doubtful(model):
+        plan.trial = Trial()
     plan.compile_mode = cfg.compile
     plan.stock = None
     plan.ddp = distributed.attach(module, model, optimizer)
@@ -420,6 +422,9 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
             watch = watched.get(optimizer)
             if watch is not None and watch.plans:
                 _check_running(optimizer, watch)
+                for plan in (ref() for ref in watch.plans):
+                    if plan is not None and plan.trial is not None:
+                        plan.trial.on_step(plan)
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
 

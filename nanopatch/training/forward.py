@@ -177,6 +177,8 @@ def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:
     an autocast already on (the user's own, a framework's, or an outer model of ours)."""
     if plan.amp_dtype is None or amp.autocast_enabled():
         return None
+    if plan.trial is not None and not plan.trial.bf16:
+        return None  # an fp32 step of the measurement
     if not module.training and not plan.amp_eval and not plan.ipex:
         return None  # an IPEX bf16 model has bf16 weights: it needs autocast in eval too
     return plan.amp_dtype

@@ -9,11 +9,15 @@ observed on each training call, not planned), for :func:`nanopatch.status`.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import statistics
 import threading
+import time
 import weakref
 from typing import Any
 
 import torch
+from torch import nn
 
 from .. import _patching
 
@@ -25,6 +29,9 @@ state: dict[str, Any] = {"config": None}
 
 #: model -> Plan, for every model nanopatch found while patched (IPEX ones also after)
 plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+logger = logging.getLogger("nanopatch")
 
 
 def config() -> Any:
@@ -61,6 +68,7 @@ class Plan:
     training_calls: int = 0
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
+    trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -103,3 +111,48 @@ class Plan:
             parts.append("data-parallel")
         calls = f"{self.training_calls} training call{'s' if self.training_calls != 1 else ''}"
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
+
+
+def doubtful(model: nn.Module) -> bool:
+    """Whether bf16 may not pay for this model: recurrent layers (oneDNN's bf16 RNN kernels
+    are not faster than fp32 on every CPU)."""
+    return any(isinstance(sub, nn.RNNBase) for sub in model.modules())
+
+
+@dataclasses.dataclass
+class Trial:
+    """Measure-and-decide for a model where bf16 may not pay: after ``warmup`` optimizer
+    steps in bf16, its steps alternate between bf16 and fp32 until each has ``rounds``
+    timings (the time from one step's end to the next one's, so the forward, backward and
+    step of one iteration); bf16 stays only if its median is not slower than fp32's by more
+    than ``margin``."""
+
+    warmup: int = 2
+    rounds: int = 4
+    margin: float = 0.05
+    bf16: bool = True  # the mode of the iteration running now
+    steps: int = 0
+    last: float | None = None
+    times: dict[bool, list[float]] = dataclasses.field(default_factory=lambda: {True: [], False: []})
+
+    def on_step(self, plan: Plan, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        if self.last is not None and self.steps > self.warmup:
+            self.times[self.bf16].append(now - self.last)
+        self.last = now
+        self.steps += 1
+        if min(len(v) for v in self.times.values()) >= self.rounds:
+            self._decide(plan)
+        elif self.steps > self.warmup:
+            self.bf16 = not self.bf16 if self.steps > self.warmup + 1 else False
+
+    def _decide(self, plan: Plan) -> None:
+        bf16, fp32 = (statistics.median(self.times[mode]) for mode in (True, False))
+        plan.trial = None
+        verdict = f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step (medians of {self.rounds})"
+        if bf16 > fp32 * (1 + self.margin):
+            plan.amp_dtype = None
+            plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
+        else:
+            plan.notes.append(f"bf16 autocast kept: measured {verdict}")
+        logger.info("%s: %s", plan.name, plan.notes[-1])
