@@ -365,6 +365,7 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     # This call already fetched the class forward: run its hooks' part of the job here.
     if plan.rank is not None:
         args, _ = mf.convert_inputs(args, {}, plan.rank)
+        _convert_call_kwargs(plan.rank)
     dtype = fw.amp_dtype(module, plan)
     context = fw.ours(dtype) if dtype is not None else None
     if context is not None:
@@ -375,6 +376,22 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     probe = fw.Probe().__enter__()
     tls("calls", []).append((module, context, dtype, plan, ddp, probe))
     return args
+
+
+def _convert_call_kwargs(rank: int) -> None:
+    """Global pre-hooks see only the positional arguments; the keyword ones of this call are
+    the ``kwargs`` dict of ``Module._call_impl`` (which calls this hook), converted in place."""
+    import sys
+
+    try:
+        frame = sys._getframe(2)  # the hook's caller: _call_impl, or a closure inside it
+        if frame.f_code.co_filename != nn.modules.module.__file__:
+            return
+        kwargs = frame.f_locals.get("kwargs") if frame is not None else None
+        if isinstance(kwargs, dict) and kwargs:
+            kwargs.update(mf.convert_inputs((), kwargs, rank)[1])
+    except Exception:  # only this first call's layout is at stake
+        logger.debug("nanopatch could not convert this call's keyword inputs", exc_info=True)
 
 
 def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
