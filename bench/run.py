@@ -10,7 +10,8 @@ with the machine (from ``python -m nanopatch --info --json``), the versions, the
 the command, to ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``,
 one table per bench) and one PNG chart per bench (the speed-up over stock per pipeline or model).
 
-    PYTHONPATH=. python bench/run.py [--quick] [--only decode,transforms,train_step,import_cost,multi_instance]
+    PYTHONPATH=. python bench/run.py [--quick]
+                                     [--only decode,transforms,train_step,import_cost,multi_instance,frameworks]
                                      [--ipex-python PATH] [--out bench/results] [--timeout SECONDS] [--readme]
     PYTHONPATH=. python bench/run.py --render bench/results/<file>.json [--readme]
 
@@ -258,6 +259,31 @@ def adapt_multi_instance(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def adapt_frameworks(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/frameworks.py --json PATH: rows of group (lightning, lightning-ddp, hf, timm), variant,
+    rate, unit, ratio to the group's ``baseline``. Variants lose their group prefix (``hf-nanopatch``
+    -> ``nanopatch``) so that the groups share columns; a run under other load is marked noisy."""
+    rows = []
+    for r in raw["rows"]:
+        rate, details = r.get("rate"), r.get("details") or {}
+        warning = details.get("load_warning")
+        note = one_line(r.get("error") or "no rate") if rate is None else warning
+        rows.append(
+            row(
+                "frameworks",
+                r["group"],
+                re.sub(r"^(ddp|hf|timm)-", "", r["variant"]),
+                rate,
+                r.get("unit", ""),
+                r.get("ratio"),
+                stock=r["variant"] == r.get("baseline"),
+                note=note,
+                noisy=bool(warning),
+            )
+        )
+    return rows
+
+
 def _quick(options: Options) -> list[str]:
     return ["--quick"] if options.quick else []
 
@@ -310,6 +336,17 @@ BENCHES: dict[str, Bench] = {
             adapt=adapt_multi_instance,
             json_to="file",
             about="total samples/s; ratios are to the variant each row names as its baseline",
+        ),
+        Bench(
+            name="frameworks",
+            script=BENCH_DIR / "frameworks.py",
+            title="Framework training code: Lightning, Hugging Face Trainer, timm",
+            group_label="framework",
+            args=lambda o, path: [*_quick(o), "--json", str(path)],
+            adapt=adapt_frameworks,
+            json_to="file",
+            about="samples/s of the training steps of unmodified framework scripts; stock = plain python",
+            readme={"nanopatch": "nanopatch", "nanopatch+bf16-mixed": "nanopatch + bf16-mixed", "nproc2": "--nproc 2"},
         ),
         Bench(
             name="import_cost",

@@ -1,0 +1,1090 @@
+"""Training throughput of real framework code: Lightning, the Hugging Face Trainer and timm, stock and under nanopatch.
+
+Each variant runs a training script as its author would write it, unmodified, in a fresh process
+(or process group), once per round, the order rotated each round. The scripts (this file run with
+``--worker``; the same file and arguments for a group's variants, only the launch differs):
+
+A. **Lightning ResNet-18**, the script a BigDL-Nano user writes: a ``LightningModule`` wrapping
+   ``torchvision.models.resnet18(num_classes=10)``, ``training_step`` calling ``self.model(x)``,
+   cross-entropy, ``SGD(lr 0.01, momentum 0.9)`` from ``configure_optimizers``, automatic
+   optimization, a shuffling ``DataLoader`` over generated images (batch 32 at ``--image-size``,
+   224 px by default) and ``Trainer(accelerator="cpu", max_steps=warmup + steps, logger=False,
+   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)``:
+
+   * ``stock``: ``python script``; ``bf16-mixed``: the same with ``precision="bf16-mixed"``;
+   * ``nanopatch``: ``python -m nanopatch script``; ``nanopatch+bf16-mixed``: both;
+   * ``nproc2``: ``python -m nanopatch --nproc 2 script`` (two pinned processes through torchrun).
+
+   And the script as written for Lightning's own data parallelism, ``Trainer(devices=2,
+   strategy="ddp")``: ``ddp-stock`` (``python script``; Lightning starts the second process) and
+   ``ddp-nanopatch`` (``python -m nanopatch script``).
+B. **Hugging Face Trainer**: ``BertForSequenceClassification`` built from a ``BertConfig`` (no
+   download: 4 layers, hidden 256, 4 heads, intermediate 1024, the default vocabulary), generated
+   token ids (sequence 128, batch 16, 2 labels), ``Trainer(TrainingArguments(use_cpu=True,
+   max_steps=...))``: ``hf-stock`` and ``hf-nanopatch``.
+C. **timm**: ``timm.create_model("resnet18", pretrained=False, num_classes=10)``,
+   ``timm.optim.create_optimizer_v2(model, "sgd", lr 0.01, momentum 0.9, weight decay 1e-4)``,
+   ``timm.utils.ModelEmaV2`` updated after every step, a hand-written loop over the same generated
+   images: ``timm-stock`` and ``timm-nanopatch``.
+
+What is timed: ``--steps`` training steps after ``--warmup`` untimed ones, from the start of the
+first timed step to the end of the last (a Lightning ``Callback``'s ``on_train_batch_start`` /
+``on_train_batch_end``, a ``TrainerCallback``'s ``on_step_begin`` / ``on_step_end``, the loop's own
+clock for timm): start-up, imports, data generation, model building and warm-up are outside. For
+several processes, the rate is the samples of all ranks over the slowest rank's time.
+
+What each worker reports besides its time (asked after the timed steps, or recorded by a passive
+probe during them): a forward hook on the model's first convolution (the first ``nn.Linear`` for
+BERT) records, for every call in the timed steps, the dtype the layer computed in and whether its
+input was channels-last: the ``bf16 inside / channels-last inside`` column says whether
+acceleration really happened in the model the framework trains. Also torch's threads, the CPU
+affinity, the allocator mapped, the process group and whether a DistributedDataParallel exists,
+Lightning's strategy and precision, a checksum of the first batch and of the parameters after the
+run. The parent checks that every variant ran as it says (stock and bf16-mixed never import
+nanopatch, the nanopatch variants do, ``bf16-mixed`` computed in bf16, the probe saw the timed
+steps, the process count and world size, and for two processes that their parameters are equal
+after the run and that they saw different data) and prints every failed check.
+
+``other load`` is the CPU time the rest of the machine took during a run (from ``/proc/stat``,
+less this run's own processes), as a share of all CPUs, the most of any round; above 5% the report
+warns that the rates are suspect.
+
+    PYTHONPATH=. python bench/frameworks.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
+        [--variants stock,bf16-mixed,...|lightning,ddp,hf,timm] [--image-size 224] [--json PATH]
+
+``--quick``: 2 rounds of 2 steps after 1 warm-up step. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from multi_instance import (  # bench/ is this script's folder, first on sys.path
+    OTHER_LOAD_WARNING,
+    SETTLE_S,
+    children_cpu_s,
+    cpu_text,
+    machine_busy_s,
+    machine_facts,
+    mapped,
+    plural,
+    run_env,
+    shown_path,
+    tail,
+)
+
+SEED = 20251
+CLASSES = 10
+TEXT_LABELS = 2
+DISTINCT_IMAGES = 64  # generated images the data set cycles through (its length is what the steps need)
+MAX_WORLD = 2  # the data set holds enough batches for every rank of the largest world
+DEFAULTS = {False: {"rounds": 3, "steps": 5, "warmup": 2}, True: {"rounds": 2, "steps": 2, "warmup": 1}}
+#: --tiny (the test suite): sizes that make every script a few seconds
+TINY = {
+    "image_size": 32,
+    "batch": 4,
+    "text_batch": 4,
+    "seq_len": 16,
+    "bert_layers": 1,
+    "bert_hidden": 32,
+    "vocab": 1000,
+}
+FULL = {
+    "image_size": 224,
+    "batch": 32,
+    "text_batch": 16,
+    "seq_len": 128,
+    "bert_layers": 4,
+    "bert_hidden": 256,
+    "vocab": 30522,
+}
+STARTED = time.perf_counter()  # the script's start (for setup_s: imports, data and model building)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    group: str  # lightning, lightning-ddp, hf, timm
+    script: str  # the worker's --script
+    launcher: tuple[str, ...] = ()  # interpreter options before the script
+    precision: str | None = None  # Lightning's Trainer(precision=...)
+    processes: int = 1
+    patched: bool = False
+
+
+NANOPATCH = ("-m", "nanopatch")
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("stock", "lightning", "lightning"),
+        Variant("bf16-mixed", "lightning", "lightning", precision="bf16-mixed"),
+        Variant("nanopatch", "lightning", "lightning", NANOPATCH, patched=True),
+        Variant("nanopatch+bf16-mixed", "lightning", "lightning", NANOPATCH, "bf16-mixed", patched=True),
+        Variant("nproc2", "lightning", "lightning", (*NANOPATCH, "--nproc", "2"), processes=2, patched=True),
+        Variant("ddp-stock", "lightning-ddp", "lightning-ddp", processes=2),
+        Variant("ddp-nanopatch", "lightning-ddp", "lightning-ddp", NANOPATCH, processes=2, patched=True),
+        Variant("hf-stock", "hf", "hf"),
+        Variant("hf-nanopatch", "hf", "hf", NANOPATCH, patched=True),
+        Variant("timm-stock", "timm", "timm"),
+        Variant("timm-nanopatch", "timm", "timm", NANOPATCH, patched=True),
+    )
+}
+#: --variants shorthands
+GROUP_ALIASES = {
+    "lightning": [n for n, v in VARIANTS.items() if v.group == "lightning"],
+    "ddp": ["ddp-stock", "ddp-nanopatch"],
+    "hf": ["hf-stock", "hf-nanopatch"],
+    "timm": ["timm-stock", "timm-nanopatch"],
+    "all": list(VARIANTS),
+}
+BASELINE = {"lightning": "stock", "lightning-ddp": "ddp-stock", "hf": "hf-stock", "timm": "timm-stock"}
+SECOND_BASELINE = {"lightning": "bf16-mixed"}  # the "x bf16-mixed" column
+UNIT = {"lightning": "img/s", "lightning-ddp": "img/s", "hf": "samples/s", "timm": "img/s"}
+#: (variant, against, at least): printed beside the ratios, never asserted
+TARGETS = (
+    ("nanopatch", "stock", 1.8),
+    ("nanopatch", "bf16-mixed", 1.1),
+    ("ddp-nanopatch", "ddp-stock", 1.0),
+    ("hf-nanopatch", "hf-stock", 1.3),
+    ("timm-nanopatch", "timm-stock", 1.3),
+)
+
+
+# --- the workers: plain training scripts --------------------------------------------------------
+
+
+class Probe:
+    """A forward hook on one layer: the dtype it computed in and whether its 4-D input was
+    channels-last, for every call in grad mode while ``active`` (the timed steps)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.layer: str | None = None
+        self.calls = 0
+        self.dtypes: Counter[str] = Counter()
+        self.inputs_4d = 0
+        self.channels_last = 0
+
+    def attach(self, model, kind) -> None:
+        for name, module in model.named_modules():
+            if isinstance(module, kind):
+                self.layer = f"{name} ({type(module).__name__})"
+                module.register_forward_hook(self.hook)
+                return
+        raise RuntimeError(f"no {kind.__name__} in {type(model).__name__}")
+
+    def hook(self, module, inputs, output) -> None:
+        import torch
+
+        if not self.active or not torch.is_grad_enabled():
+            return
+        self.calls += 1
+        self.dtypes[str(output.dtype).removeprefix("torch.")] += 1
+        x = inputs[0] if inputs else None
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            self.inputs_4d += 1
+            if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+                self.channels_last += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "calls": self.calls,
+            "dtypes": dict(self.dtypes),
+            "inputs_4d": self.inputs_4d,
+            "channels_last": self.channels_last,
+        }
+
+
+class Clock:
+    """Times the steps after the warm-up: the span from the first timed step's start to the
+    last one's end, each step's own time, and the process's CPU time over the span."""
+
+    def __init__(self, warmup: int, steps: int, probe: Probe) -> None:
+        self.warmup, self.steps, self.probe = warmup, steps, probe
+        self.seen = 0
+        self.step_s: list[float] = []
+        self.first_batch: float | None = None
+        self.started = STARTED
+        self.first_step_at: float | None = None
+        self.t0 = self.t1 = self.cpu0 = self.cpu1 = self.before = 0.0
+        self.on_done = None  # called once after the last timed step (facts that need the live run)
+
+    @property
+    def done(self) -> bool:
+        return self.seen >= self.warmup + self.steps
+
+    def begin(self, batch=None) -> None:
+        now = time.perf_counter()
+        if self.seen == 0:
+            self.first_step_at = now
+            if batch is not None:
+                self.first_batch = checksum(batch)
+        if self.seen == self.warmup:
+            self.t0, self.cpu0 = now, time.process_time()
+            self.probe.active = True
+        self.before = now
+
+    def end(self) -> None:
+        now = time.perf_counter()
+        if self.seen >= self.warmup:
+            self.step_s.append(now - self.before)
+        self.seen += 1
+        if self.seen == self.warmup + self.steps:
+            self.t1, self.cpu1 = now, time.process_time()
+            self.probe.active = False
+            if self.on_done is not None:
+                self.on_done()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.t1 - self.t0,
+            "cpu_s": self.cpu1 - self.cpu0,
+            "step_s": self.step_s,
+            "steps_seen": self.seen,
+            "setup_s": (self.first_step_at or self.started) - self.started,
+            "warmup_s": self.t0 - (self.first_step_at or self.t0),
+            "first_batch": self.first_batch,
+        }
+
+
+def checksum(batch) -> float:
+    import torch
+
+    tensors = batch.values() if isinstance(batch, dict) else batch
+    return float(sum(float(t.double().sum()) for t in tensors if isinstance(t, torch.Tensor)))
+
+
+def image_loader(args: argparse.Namespace):
+    """A shuffling DataLoader over generated images: enough batches for every rank's steps."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class GeneratedImages(Dataset):
+        def __init__(self, samples: int) -> None:
+            g = torch.Generator().manual_seed(SEED)
+            self.images = torch.randn(min(samples, DISTINCT_IMAGES), 3, args.image_size, args.image_size, generator=g)
+            self.labels = torch.randint(0, CLASSES, (samples,), generator=g)
+
+        def __len__(self) -> int:
+            return len(self.labels)
+
+        def __getitem__(self, i: int):
+            return self.images[i % len(self.images)], self.labels[i]
+
+    samples = args.batch * (args.warmup + args.steps) * MAX_WORLD
+    return DataLoader(GeneratedImages(samples), batch_size=args.batch, shuffle=True, drop_last=True)
+
+
+def process_facts(model) -> dict[str, Any]:
+    """What this process ran with: queries only, made after (or at the end of) the timed steps."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    initialised = dist.is_available() and dist.is_initialized()
+    return {
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "tcmalloc": mapped("libtcmalloc") is not None,
+        "jemalloc": mapped("libjemalloc") is not None,
+        "process_group": initialised,
+        "world_size": dist.get_world_size() if initialised else 1,
+        "backend": str(dist.get_backend()) if initialised else None,
+        "ddp": any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()),
+        "first_weight_channels_last": first_conv_channels_last(model),
+    }
+
+
+def first_conv_channels_last(model) -> bool | None:
+    import torch
+    from torch import nn
+
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is None:
+        return None
+    w = conv.weight
+    return bool(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+
+
+def param_checksum(model) -> float:
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import lightning as L
+    import torch
+    import torchvision
+    from torch import nn
+
+    class LitResNet(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torchvision.models.resnet18(num_classes=CLASSES)
+            self.criterion = nn.CrossEntropyLoss()
+
+        def forward(self, x):
+            return self.model(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.criterion(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+    probe = Probe()
+    clock = Clock(args.warmup, args.steps, probe)
+    facts: dict[str, Any] = {}
+
+    class StepTimer(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            clock.begin(batch)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if clock.seen + 1 == clock.warmup + clock.steps and isinstance(outputs, dict) and "loss" in outputs:
+                facts["loss"] = float(outputs["loss"])
+            clock.end()
+
+    torch.manual_seed(SEED)
+    loader = image_loader(args)
+    module = LitResNet()
+    probe.attach(module.model, nn.Conv2d)
+    extra: dict[str, Any] = {"devices": 2, "strategy": "ddp"} if args.script == "lightning-ddp" else {}
+    if args.precision:
+        extra["precision"] = args.precision
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=args.warmup + args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StepTimer()],
+        **extra,
+    )
+    clock.on_done = lambda: facts.update(process_facts(module), loader_batches=len(trainer.train_dataloader))
+    trainer.fit(module, loader)
+    rank = trainer.global_rank if trainer.world_size > 1 else int(os.environ.get("RANK", "0"))
+    return {
+        "rank": rank,
+        "samples": clock.steps * args.batch,
+        **facts,
+        "framework": f"lightning {L.__version__}",
+        "strategy": type(trainer.strategy).__name__,
+        "precision": str(trainer.precision),
+        "trainer_world_size": trainer.world_size,
+        "param_checksum": param_checksum(module),
+        "probe": probe.as_dict(),
+        **clock.as_dict(),
+    }
+
+
+def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+    from torch import nn
+    from torch.utils.data import Dataset
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+
+    class GeneratedText(Dataset):
+        def __init__(self, samples: int, vocab: int) -> None:
+            g = torch.Generator().manual_seed(SEED)
+            self.ids = torch.randint(1, vocab, (samples, args.seq_len), generator=g)
+            self.labels = torch.randint(0, TEXT_LABELS, (samples,), generator=g)
+
+        def __len__(self) -> int:
+            return len(self.labels)
+
+        def __getitem__(self, i: int):
+            ids = self.ids[i]
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
+
+    probe = Probe()
+    clock = Clock(args.warmup, args.steps, probe)
+    facts: dict[str, Any] = {}
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args_, state, control, **kwargs):
+            clock.begin()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            clock.end()
+
+    torch.manual_seed(SEED)
+    hidden = args.bert_hidden
+    config = BertConfig(
+        num_hidden_layers=args.bert_layers,
+        hidden_size=hidden,
+        num_attention_heads=max(1, hidden // 64),
+        intermediate_size=4 * hidden,
+        vocab_size=args.vocab,
+        max_position_embeddings=max(512, args.seq_len),
+        num_labels=TEXT_LABELS,
+    )
+    model = BertForSequenceClassification(config)
+    probe.attach(model, nn.Linear)
+    data = GeneratedText(args.text_batch * (args.warmup + args.steps), config.vocab_size)
+    training_args = TrainingArguments(
+        output_dir=os.path.join(args.worker, "hf-output"),
+        per_device_train_batch_size=args.text_batch,
+        max_steps=args.warmup + args.steps,
+        learning_rate=5e-5,
+        use_cpu=True,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=SEED,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[StepTimer()])
+    clock.on_done = lambda: facts.update(process_facts(model))
+    output = trainer.train()
+    return {
+        "rank": int(os.environ.get("RANK", "0")),
+        "samples": clock.steps * args.text_batch,
+        **facts,
+        "loss": float(output.training_loss),
+        "framework": f"transformers {transformers.__version__}",
+        "model_size": f"BERT {args.bert_layers} layers, hidden {hidden}, sequence {args.seq_len}",
+        "param_checksum": param_checksum(model),
+        "probe": probe.as_dict(),
+        **clock.as_dict(),
+    }
+
+
+def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import timm
+    import torch
+    from timm.optim import create_optimizer_v2
+    from timm.utils import ModelEmaV2
+    from torch import nn
+
+    probe = Probe()
+    clock = Clock(args.warmup, args.steps, probe)
+    torch.manual_seed(SEED)
+    loader = image_loader(args)
+    model = timm.create_model("resnet18", pretrained=False, num_classes=CLASSES)
+    probe.attach(model, nn.Conv2d)
+    optimizer = create_optimizer_v2(model, opt="sgd", lr=0.01, momentum=0.9, weight_decay=1e-4)
+    model_ema = ModelEmaV2(model, decay=0.9998)
+    criterion = nn.CrossEntropyLoss()
+    model.train()
+    loss_value = None
+    facts: dict[str, Any] = {}
+    clock.on_done = lambda: facts.update(process_facts(model))
+    while not clock.done:
+        for x, y in loader:
+            clock.begin((x, y))
+            output = model(x)
+            loss = criterion(output, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            model_ema.update(model)
+            loss_value = loss.item()
+            clock.end()
+            if clock.done:
+                break
+    return {
+        "rank": int(os.environ.get("RANK", "0")),
+        "samples": clock.steps * args.batch,
+        **facts,
+        "loss": loss_value,
+        "framework": f"timm {timm.__version__}",
+        "optimizer": type(optimizer).__name__,
+        "loader_batches": len(loader),
+        "param_checksum": param_checksum(model),
+        "probe": probe.as_dict(),
+        **clock.as_dict(),
+    }
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    affinity_at_start = sorted(os.sched_getaffinity(0))
+    run = {"lightning": lightning_worker, "lightning-ddp": lightning_worker, "hf": hf_worker, "timm": timm_worker}
+    result = run[args.script](args)
+    import torch
+
+    result.update(
+        affinity_at_start=affinity_at_start,
+        nanopatch_imported="nanopatch" in sys.modules,
+        env={k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "LOCAL_RANK", "WORLD_SIZE")},
+        torch=torch.__version__,
+        pid=os.getpid(),
+    )
+    Path(args.worker, f"rank{result['rank']}.json").write_text(json.dumps(result))
+    return 0
+
+
+# --- the parent: runs, rounds, report -------------------------------------------------------------
+
+
+def command(variant: Variant, args: argparse.Namespace, out: str) -> list[str]:
+    worker = [os.path.abspath(__file__), "--worker", out, "--script", variant.script]
+    if variant.precision:
+        worker += ["--precision", variant.precision]
+    for name in ("steps", "warmup", *TINY):
+        worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return [sys.executable, *variant.launcher, *worker]
+
+
+def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
+    """One fresh process (group) of a variant: its rate, or its error."""
+    out = tempfile.mkdtemp(prefix=f"{variant.name}-", dir=workdir)
+    log_path = Path(out, "log.txt")
+    busy_before, ours_before = machine_busy_s(), children_cpu_s()
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            command(variant, args, out), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"error": f"no result within {args.timeout:.0f} s (killed)", "log": tail(log_path)}
+    wall = time.perf_counter() - started
+    busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
+    other_load = None
+    if busy_before is not None and busy_after is not None:
+        other_load = max(0.0, busy_after - busy_before - ours) / (wall * (os.cpu_count() or 1))
+    ranks = []
+    for path in sorted(Path(out).glob("rank*.json")):
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except ValueError as exc:
+            return {"error": f"{path.name}: {exc}", "log": tail(log_path)}
+    if code != 0:
+        return {"error": f"exited with status {code}", "log": tail(log_path)}
+    if not ranks:
+        return {"error": "no rank wrote a result", "log": tail(log_path)}
+    ranks.sort(key=lambda r: r["rank"])
+    samples = sum(r["samples"] for r in ranks)
+    seconds = max(r["seconds"] for r in ranks)
+    return {
+        "rate": samples / seconds,
+        "samples": samples,
+        "seconds": seconds,
+        "cpu_s": sum(r["cpu_s"] for r in ranks),
+        "wall_s": wall,
+        "other_load": other_load,
+        "ranks": ranks,
+        "log_tail": tail(log_path, 8),
+    }
+
+
+def dtype_name(dtypes: dict[str, int]) -> str:
+    short = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+    return "+".join(short.get(d, d) for d in sorted(dtypes, key=lambda d: -dtypes[d])) or "?"
+
+
+def inside(probe: dict[str, Any]) -> str:
+    """The probe's verdict for the table: '<dtype> / <channels-last or not>'."""
+    if not probe["calls"]:
+        return "no call seen"
+    text = dtype_name(probe["dtypes"])
+    if probe["inputs_4d"] == 0:
+        return f"{text} / n/a"
+    if probe["channels_last"] == probe["inputs_4d"]:
+        return f"{text} / channels-last"
+    if probe["channels_last"] == 0:
+        return f"{text} / contiguous"
+    return f"{text} / channels-last {probe['channels_last']} of {probe['inputs_4d']}"
+
+
+def facts_of(run: dict[str, Any]) -> dict[str, Any]:
+    """What a run's processes ran with, and the checks across its ranks."""
+    ranks = run["ranks"]
+    starts = [set(r["affinity_at_start"]) for r in ranks]
+    disjoint = all(not (a & b) for i, a in enumerate(starts) for b in starts[i + 1 :])
+    sums = [r["param_checksum"] for r in ranks]
+    in_sync = all(abs(c - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for c in sums)
+    data = [r["first_batch"] for r in ranks]
+    probes = [r["probe"] for r in ranks]
+    return {
+        "processes": len(ranks),
+        "ranks": [r["rank"] for r in ranks],
+        "framework": ranks[0]["framework"],
+        "threads": [r["threads"] for r in ranks],
+        "affinity": [cpu_text(r["affinity_at_start"]) for r in ranks],
+        "tcmalloc": [r["tcmalloc"] for r in ranks],
+        "jemalloc": [r["jemalloc"] for r in ranks],
+        "world_size": [r["world_size"] for r in ranks],
+        "backend": ranks[0]["backend"],
+        "ddp": [r["ddp"] for r in ranks],
+        "strategy": ranks[0].get("strategy"),
+        "precision": ranks[0].get("precision"),
+        "samples_per_rank": [r["samples"] for r in ranks],
+        "steps_seen": [r["steps_seen"] for r in ranks],
+        "nanopatch_imported": [r["nanopatch_imported"] for r in ranks],
+        "first_weight_channels_last": [r["first_weight_channels_last"] for r in ranks],
+        "probe": probes[0],
+        "inside": inside(probes[0]),
+        "inside_per_rank": [inside(p) for p in probes],
+        "loss": [r.get("loss") for r in ranks],
+        "env": [r["env"] for r in ranks],
+        "disjoint_affinity": disjoint if len(ranks) > 1 else None,
+        "ranks_in_sync": in_sync if len(ranks) > 1 else None,
+        "ranks_saw_different_data": len(set(data)) == len(data) if len(ranks) > 1 and None not in data else None,
+    }
+
+
+#: facts that must not change from one round to the next
+STABLE = ("processes", "threads", "affinity", "tcmalloc", "world_size", "ddp", "strategy", "precision", "inside")
+
+
+def problems(v: Variant, d: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The checks: what a variant's details say it did not run as the variant says."""
+    found = []
+    if not v.patched and any(d["nanopatch_imported"]):
+        found.append("nanopatch was imported")
+    if v.patched and not all(d["nanopatch_imported"]):
+        found.append("nanopatch was not imported")
+    if d["processes"] != v.processes:
+        found.append(f"{d['processes']} process(es) wrote a result, expected {v.processes}")
+    expected_steps = args.warmup + args.steps
+    if any(s != expected_steps for s in d["steps_seen"]):
+        found.append(f"steps seen {d['steps_seen']}, expected {expected_steps} (warm-up + timed)")
+    if any(p == "no call seen" for p in d["inside_per_rank"]):
+        found.append("the probe saw no forward call of its layer in the timed steps")
+    if v.precision and d["precision"] != v.precision:
+        found.append(f"Trainer precision {d['precision']}, expected {v.precision}")
+    if v.precision == "bf16-mixed" and d["probe"]["dtypes"] and set(d["probe"]["dtypes"]) != {"bfloat16"}:
+        found.append(f"bf16-mixed, but the layer computed in {dtype_name(d['probe']['dtypes'])}")
+    if v.processes > 1:
+        if set(d["world_size"]) != {v.processes}:
+            found.append(f"world size {d['world_size']} (expected {v.processes}): not data-parallel")
+        if not all(d["ddp"]):
+            found.append("no DistributedDataParallel in some rank")
+        if d["ranks_in_sync"] is False:
+            found.append("ranks' parameters differ after the run (gradients not averaged)")
+        if d["ranks_saw_different_data"] is False:
+            found.append("ranks saw the same first batch (loader not sharded)")
+    elif max(d["world_size"]) != 1:
+        found.append(f"world size {d['world_size']}")
+    return found
+
+
+def findings(v: Variant, d: dict[str, Any], cores: int) -> list[str]:
+    """What the probe says nanopatch did (or did not do) inside the model, and how the processes
+    shared the cores: not failed checks."""
+    notes = []
+    if sum(d["threads"]) > cores and len(set(d["affinity"])) < d["processes"]:
+        notes.append(
+            f"{d['processes']} processes x {'/'.join(map(str, sorted(set(d['threads']))))} threads on the same "
+            f"{plural(cores, 'core')}: oversubscribed"
+        )
+    if not v.patched or not d["probe"]["calls"]:
+        return notes
+    if "bfloat16" not in d["probe"]["dtypes"]:
+        notes.append(f"not accelerated: the probed layer computed in {dtype_name(d['probe']['dtypes'])}")
+    elif set(d["probe"]["dtypes"]) == {"bfloat16"} and v.precision == "bf16-mixed":
+        notes.append("bf16 inside may be Lightning's bf16-mixed alone (the probe cannot tell whose autocast it is)")
+    probe = d["probe"]
+    if probe["inputs_4d"] and probe["channels_last"] < probe["inputs_4d"]:
+        notes.append("the probed convolution's input was not channels-last")
+    return notes
+
+
+def summarise(names: list[str], runs: dict[str, list[dict[str, Any]]], args, cores: int):
+    rows, by_name = [], {}
+    for name in names:
+        v = VARIANTS[name]
+        ok = [r for r in runs[name] if "rate" in r]
+        errors = [r for r in runs[name] if "rate" not in r]
+        row: dict[str, Any] = {
+            "group": v.group,
+            "variant": name,
+            "rate": None,
+            "unit": UNIT[v.group],
+            "ratio": None,
+            "baseline": BASELINE[v.group],
+            "spread": [],
+            "rates": [r["rate"] for r in ok],
+            "rounds": [r["round"] for r in ok],
+            "command": shlex.join(command(v, args, "OUT")),
+            "details": {},
+        }
+        if errors:
+            row["error"] = errors[0]["error"]
+            row["failed_runs"] = len(errors)
+            row["log"] = errors[0].get("log", "")
+        if ok:
+            rates = row["rates"]
+            row["rate"] = statistics.median(rates)
+            row["spread"] = [min(rates), max(rates)]
+            d = facts_of(ok[-1])
+            changed = [f for f in STABLE if any(facts_of(r)[f] != d[f] for r in ok)]
+            d["changed_between_rounds"] = changed
+            d["cpu_use"] = statistics.median(r["cpu_s"] / (r["seconds"] * cores) for r in ok)
+            d["setup_s"] = statistics.median(max(x["setup_s"] for x in r["ranks"]) for r in ok)
+            d["wall_s"] = statistics.median(r["wall_s"] for r in ok)
+            d["other_load"] = [r["other_load"] for r in ok if r["other_load"] is not None]
+            busy = [f"{x * 100:.0f}%" for x in d["other_load"] if x > OTHER_LOAD_WARNING]
+            d["load_warning"] = None
+            if busy:
+                d["load_warning"] = (
+                    f"other processes took {', '.join(busy)} of the machine's CPU time during "
+                    f"{plural(len(busy), 'run')} of {len(ok)}: those rates are suspect"
+                )
+            d["problems"] = problems(v, d, args) + [f"{f} changed between rounds" for f in changed]
+            versions_seen = list(dict.fromkeys(r.get("nanopatch_digest") for r in ok))
+            d["nanopatch_digests"] = versions_seen
+            if v.patched and len(versions_seen) > 1:
+                d["problems"].append(f"nanopatch's source changed between its rounds ({len(versions_seen)} versions)")
+            d["findings"] = findings(v, d, cores)
+            row["details"] = d
+        rows.append(row)
+        by_name[name] = row
+    for row in rows:
+        if row["rate"] is None:
+            continue
+        base = by_name.get(row["baseline"])
+        if base and base["rate"]:
+            row["ratio"] = row["rate"] / base["rate"]
+            row["ratio_per_round"] = per_round(row, base)
+        second = by_name.get(SECOND_BASELINE.get(row["group"], ""))
+        if second and second["rate"]:
+            row["ratio_to_bf16_mixed"] = row["rate"] / second["rate"]
+        row["targets"] = targets_of(row, by_name)
+    return rows
+
+
+def per_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
+    """a's rate / b's, round by round (rounds where both ran)."""
+    theirs = dict(zip(b["rounds"], b["rates"], strict=True))
+    return [r / theirs[i] for i, r in zip(a["rounds"], a["rates"], strict=True) if i in theirs]
+
+
+def targets_of(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for variant, against, at_least in TARGETS:
+        other = by_name.get(against)
+        if variant != row["variant"] or other is None or not other["rate"]:
+            continue
+        ratio = row["rate"] / other["rate"]
+        out.append({"against": against, "at_least": at_least, "ratio": ratio, "met": ratio >= at_least})
+    return out
+
+
+def fmt(value: float) -> str:
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def ran_with(d: dict[str, Any]) -> str:
+    threads = "/".join(map(str, sorted(set(d["threads"]))))
+    if d["processes"] == 1:
+        parts = [f"1 process, {threads} threads, CPUs {d['affinity'][0]}"]
+    else:
+        parts = [f"{d['processes']} processes x {threads} threads, CPUs {' | '.join(d['affinity'])}"]
+    parts.append("tcmalloc" if all(d["tcmalloc"]) else "jemalloc" if all(d["jemalloc"]) else "glibc malloc")
+    if max(d["world_size"]) > 1 or d["processes"] > 1:
+        parts.append(f"world {max(d['world_size'])} ({d['backend']}), {'DDP' if all(d['ddp']) else 'no DDP'}")
+    if d["strategy"]:
+        parts.append(f"{d['strategy']}, precision {d['precision']}")
+    return ", ".join(parts)
+
+
+GROUP_TITLES = {
+    "lightning": "A. Lightning: LightningModule(ResNet-18) + Trainer",
+    "lightning-ddp": "A. Lightning: Trainer(devices=2, strategy='ddp')",
+    "hf": "B. Hugging Face Trainer: BertForSequenceClassification from a BertConfig",
+    "timm": "C. timm: create_model + create_optimizer_v2 + ModelEmaV2, hand-written loop",
+}
+
+
+def print_markdown(report: dict[str, Any]) -> None:
+    m = report["machine"]
+    print("## Training throughput of framework code: Lightning, Hugging Face Trainer, timm\n")
+    print(
+        f"- CPU: {m['model_name']} ({m['logical_cpus']} logical CPUs, {m['physical_cores']} physical cores, "
+        f"usable {m['usable_cores']}); AMX: {'yes' if m['amx'] else 'no'}; native bf16: "
+        f"{'yes' if m['native_bf16'] else 'no'}; " + ", ".join(f"{k} {m[k]}" for k in VERSIONS if m.get(k))
+    )
+    print(
+        f"- {plural(report['rounds'], 'round')} x {plural(report['steps'], 'timed step')} per run after "
+        f"{report['warmup']} warm-up, each run a fresh process (group), order rotated each round; 1-min load "
+        f"average at start {m['loadavg_start']}, at the end {report['loadavg_end']}"
+    )
+    git = report["git"]
+    changes = git["nanopatch_changes"]
+    digests = {r.get("nanopatch_digest") for runs in report.get("runs", {}).values() for r in runs}
+    print(
+        f"- nanopatch from git {(git['commit'] or '?')[:12]} at the start"
+        + (f", with uncommitted changes under nanopatch/ ({', '.join(changes)})" if changes else "")
+        + (f"; **its source changed during the run** ({len(digests)} versions)" if len(digests) > 1 else "")
+    )
+    for group, title in GROUP_TITLES.items():
+        rows = [r for r in report["rows"] if r["group"] == group]
+        if not rows:
+            continue
+        unit = UNIT[group]
+        second = group in SECOND_BASELINE
+        print(f"\n### {title}\n\n{report['descriptions'][group]}\n")
+        head = ["variant", f"{unit} (median)", "min-max", f"x {BASELINE[group]}"]
+        head += [f"x {SECOND_BASELINE[group]}"] if second else []
+        head += ["target", "bf16 inside / channels-last inside", "CPU", "other load", "ran with"]
+        print("| " + " | ".join(head) + " |")
+        print("|---|" + "---:|" * (4 if second else 3) + "---|---|---:|---:|---|")
+        for row in rows:
+            print("| " + " | ".join(cells(row, second)) + " |")
+    print()
+    for row in report["rows"]:
+        if row["rate"] is None:
+            continue
+        d = row["details"]
+        for problem in d["problems"]:
+            print(f"- check failed: `{row['variant']}`: {problem}")
+        for note in d["findings"]:
+            print(f"- `{row['variant']}`: {note}")
+        if d["load_warning"]:
+            print(f"- warning: `{row['variant']}`: {d['load_warning']}")
+    for row in report["rows"]:
+        if row.get("failed_runs"):
+            print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {one_line(row['error'])}")
+    print(
+        "\nRate: samples of all processes / the slowest process's time for the timed steps, median over the "
+        "rounds. x ...: ratio of the medians (per round in brackets where there were several rounds). target: "
+        "from the issue, printed, never asserted. bf16 inside / channels-last inside: what a forward hook on the "
+        "model's first convolution (first Linear for BERT) saw in the timed steps: the dtype it computed in and "
+        "whether its input was channels-last. CPU: CPU time of the timed steps of all processes / (wall time x "
+        "cores). other load: the most CPU time other processes took during one of the variant's runs, as a share "
+        "of all CPUs."
+    )
+    print(f"\nCommand: `{report['command']}`; run took {report['seconds']:.0f} s.")
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "/")
+
+
+def cells(row: dict[str, Any], second: bool) -> list[str]:
+    if row["rate"] is None:
+        return [row["variant"], "failed", *[""] * (7 if second else 6), one_line(row.get("error", "?"))]
+    d = row["details"]
+    low, high = row["spread"]
+
+    def ratio(value: float | None, rounds: list[float] | None = None) -> str:
+        if value is None:
+            return ""
+        text = f"{value:.2f}x"
+        if rounds and len(rounds) > 1:
+            text += f" ({min(rounds):.2f}-{max(rounds):.2f})"
+        return text
+
+    out = [row["variant"], fmt(row["rate"]), f"{fmt(low)}-{fmt(high)}", ratio(row["ratio"], row.get("ratio_per_round"))]
+    if second:
+        out.append(ratio(row.get("ratio_to_bf16_mixed")))
+    targets = [f">= {t['at_least']:g}x {t['against']}: {'met' if t['met'] else 'not met'}" for t in row["targets"]]
+    out += [
+        "; ".join(targets),
+        d["inside"] if len(set(d["inside_per_rank"])) == 1 else " | ".join(d["inside_per_rank"]),
+        f"{d['cpu_use'] * 100:.0f}%",
+        f"{max(d['other_load']) * 100:.0f}%" if d["other_load"] else "?",
+        ran_with(d),
+    ]
+    return out
+
+
+VERSIONS = ("torch", "torchvision", "lightning", "transformers", "timm", "accelerate")
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in VERSIONS:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_state() -> dict[str, Any]:
+    """The checkout's commit and the files changed under nanopatch/ (what the nanopatch variants ran)."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*words: str) -> str | None:
+        try:
+            return subprocess.run(["git", *words], cwd=repo, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--", "nanopatch")
+    return {
+        "commit": (git("rev-parse", "HEAD") or "").strip() or None,
+        "nanopatch_changes": [line[3:] for line in (status or "").splitlines()],
+    }
+
+
+def source_digest() -> str | None:
+    """A digest of nanopatch's source as the next run will import it: a run that overlaps someone
+    editing the checkout would otherwise mix versions between rounds without a word."""
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("nanopatch")
+    if spec is None or spec.origin is None:
+        return None
+    root = Path(spec.origin).parent
+    digest = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def descriptions(args: argparse.Namespace) -> dict[str, str]:
+    images = f"batch {args.batch} at {args.image_size} px, generated images, {CLASSES} classes"
+    bert = (
+        f"BERT from a BertConfig: {args.bert_layers} layers, hidden {args.bert_hidden}, vocabulary {args.vocab}, "
+        f"sequence {args.seq_len}, batch {args.text_batch}, generated token ids"
+    )
+    return {
+        "lightning": f"torchvision ResNet-18 in a LightningModule, SGD(momentum 0.9), {images}.",
+        "lightning-ddp": f"The same module, Trainer(devices=2, strategy='ddp'), {images} per process.",
+        "hf": f"{bert}; Trainer with TrainingArguments(use_cpu=True).",
+        "timm": f"timm resnet18, create_optimizer_v2('sgd'), ModelEmaV2 updated every step, {images}.",
+    }
+
+
+def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    names: list[str] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if word in GROUP_ALIASES:
+            names += GROUP_ALIASES[word]
+        elif word in VARIANTS:
+            names.append(word)
+        else:
+            parser.error(
+                f"--variants: unknown {word!r}; choose from {', '.join(VARIANTS)} or {', '.join(GROUP_ALIASES)}"
+            )
+    if not names:
+        parser.error("--variants: none given")
+    return list(dict.fromkeys(names))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, help="rounds; every variant runs once per round (default 3; 2 --quick)")
+    parser.add_argument("--steps", type=int, help="timed training steps per run (default 5; 2 with --quick)")
+    parser.add_argument("--warmup", type=int, help="untimed steps before them (default 2; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 steps after 1 warm-up step")
+    parser.add_argument(
+        "--variants",
+        default="all",
+        help=f"comma-separated, of {', '.join(VARIANTS)}, or the groups {', '.join(GROUP_ALIASES)} "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--image-size", type=int, help="image side in px for Lightning and timm (default 224)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    # sizes, for the test suite (--tiny) and the workers
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--text-batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bert-layers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bert-hidden", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # internal: run as the training script
+    parser.add_argument("--script", choices=("lightning", "lightning-ddp", "hf", "timm"), help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name, value in DEFAULTS[args.quick].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name, value in (TINY if args.tiny else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.worker:
+        return worker_main(args)
+    names = parse_variants(args.variants, parser)
+    if min(args.rounds, args.steps, args.warmup, *(getattr(args, n) for n in TINY)) < 1:
+        parser.error("--rounds, --steps, --warmup and the sizes must be >= 1")
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    machine = {**machine_facts(), **versions()}
+    git = git_state()
+    env = run_env()
+    cores = len(os.sched_getaffinity(0))
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    orders = []
+    with tempfile.TemporaryDirectory(prefix="nanopatch-frameworks-") as workdir:
+        for index in range(args.rounds):
+            order = names[index % len(names) :] + names[: index % len(names)]
+            orders.append({"order": order})
+            log(f"round {index + 1}/{args.rounds}: {', '.join(order)}")
+            for name in order:
+                time.sleep(SETTLE_S)
+                digest = source_digest()
+                result = run_once(VARIANTS[name], args, env, workdir)
+                result["round"] = index
+                result["nanopatch_digest"] = digest
+                runs[name].append(result)
+                if "rate" in result:
+                    log(f"  {name}: {result['rate']:.3g} {UNIT[VARIANTS[name].group]} ({result['wall_s']:.0f} s)")
+                else:
+                    log(f"  {name}: FAILED: {result['error']}\n{result.get('log', '')}")
+    rows = summarise(names, runs, args, cores)
+    report = {
+        "benchmark": "frameworks",
+        "machine": machine,
+        "command": shlex.join(["python", shown_path(__file__), *(sys.argv[1:] if argv is None else argv)]),
+        "descriptions": descriptions(args),
+        "git": git,
+        "sizes": {n: getattr(args, n) for n in TINY},
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "quick": args.quick,
+        "round_orders": orders,
+        "rows": rows,
+        "runs": runs,
+        "loadavg_end": loadavg(),
+        "seconds": time.perf_counter() - started,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print_markdown(report)
+    # a variant that failed is a row with its error (bench/run.py reads the JSON only after exit code 0)
+    return 0 if any(r["rate"] is not None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

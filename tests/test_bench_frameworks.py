@@ -1,0 +1,241 @@
+"""bench/frameworks.py runs end to end at tiny sizes (ResNet-18 at 32 px, batch 4; a one-layer BERT):
+one round of variants that between them run every script (Lightning, Lightning DDP, the Hugging
+Face Trainer, timm) and every launch (plain python, python -m nanopatch, --nproc 2, Lightning's own
+DDP processes); the report's rows, checks and inside-probes have the shape
+bench/run.py reads. A second test feeds the report synthetic runs of all variants for the ratios,
+targets and checks. Nothing asserts on a timing."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from nanopatch import cpu
+
+from conftest import REPO_ROOT, run_python
+
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+pytest.importorskip("timm")
+
+NAMES = ["stock", "nanopatch+bf16-mixed", "nproc2", "ddp-stock", "hf-stock", "timm-nanopatch"]
+UNPATCHED = ("stock", "ddp-stock", "hf-stock")
+STEPS = 2
+
+
+def load_run_module():
+    spec = importlib.util.spec_from_file_location("nanopatch_bench_run_fw", REPO_ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_frameworks(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports multi_instance from its folder
+    spec = importlib.util.spec_from_file_location("nanopatch_bench_frameworks", REPO_ROOT / "bench" / "frameworks.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_run_of_every_script_and_launch(tmp_path):
+    out = tmp_path / "fw.json"
+    script = str(REPO_ROOT / "bench" / "frameworks.py")
+    tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--variants", ",".join(NAMES)]
+    proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round 1/1" in proc.stderr
+    for name in NAMES:
+        assert f"| {name} |" in proc.stdout, proc.stdout
+    assert "bf16 inside / channels-last inside" in proc.stdout
+    assert "### A. Lightning" in proc.stdout and "### B. Hugging Face" in proc.stdout and "### C. timm" in proc.stdout
+
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "frameworks" and "frameworks.py" in report["command"]
+    assert report["machine"]["lightning"] and report["machine"]["transformers"] and report["machine"]["timm"]
+    assert report["sizes"]["image_size"] == 32 and report["git"]["commit"]
+    assert [r["variant"] for r in report["rows"]] == NAMES
+    assert report["round_orders"] == [{"order": NAMES}]
+
+    rows = {r["variant"]: r for r in report["rows"]}
+    for row in report["rows"]:
+        assert row["rate"] > 0, (row["variant"], row.get("error"), row.get("log"))
+        d = row["details"]
+        # the checks: each ran as its variant says (nanopatch imported or not, processes, world
+        # size, steps, precision, the probe saw every timed step; two ranks in sync on different data)
+        assert d["problems"] == [], (row["variant"], d["problems"])
+        assert d["nanopatch_imported"] == [row["variant"] not in UNPATCHED] * d["processes"]
+        assert d["steps_seen"] == [STEPS + 1] * d["processes"]
+        assert d["probe"]["calls"] == STEPS and sum(d["probe"]["dtypes"].values()) == STEPS
+        assert len(d["other_load"]) == 1 and 0 <= d["other_load"][0] <= 1
+        assert row["spread"] == [row["rate"], row["rate"]]  # one round
+        assert row["unit"] == ("samples/s" if row["group"] == "hf" else "img/s")
+
+    stock = rows["stock"]
+    assert stock["group"] == "lightning" and stock["baseline"] == "stock" and stock["ratio"] == 1.0
+    assert stock["details"]["inside"] == "fp32 / contiguous"  # stock never computes in bf16
+    assert stock["details"]["strategy"] == "SingleDeviceStrategy" and stock["details"]["precision"] == "32-true"
+    mixed = rows["nanopatch+bf16-mixed"]
+    assert mixed["details"]["precision"] == "bf16-mixed" and mixed["details"]["inside"].startswith("bf16 /")
+    assert mixed["ratio"] == pytest.approx(mixed["rate"] / stock["rate"])
+    assert "ratio_to_bf16_mixed" not in mixed  # no bf16-mixed row in this run
+
+    nproc = rows["nproc2"]["details"]
+    assert nproc["processes"] == 2 and nproc["world_size"] == [2, 2] and nproc["ddp"] == [True, True]
+    assert nproc["ranks_in_sync"] and nproc["ranks_saw_different_data"]
+    if cpu.host_facts().physical_cores >= 2:
+        assert nproc["disjoint_affinity"], nproc["affinity"]
+    ddp = rows["ddp-stock"]
+    assert ddp["group"] == "lightning-ddp" and ddp["baseline"] == "ddp-stock" and ddp["ratio"] == 1.0
+    assert ddp["details"]["strategy"] == "DDPStrategy" and ddp["details"]["world_size"] == [2, 2]
+    assert ddp["details"]["ranks_in_sync"] and ddp["details"]["ranks_saw_different_data"]
+
+    hf = rows["hf-stock"]["details"]
+    assert rows["hf-stock"]["ratio"] == 1.0 and hf["inside"] == "fp32 / n/a" and "Linear" in hf["probe"]["layer"]
+    assert hf["framework"].startswith("transformers ")
+    timm = rows["timm-nanopatch"]
+    assert timm["ratio"] is None and timm["details"]["framework"].startswith("timm ")
+    assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
+
+    # what bench/run.py makes of it: the group prefix goes, so the groups share columns
+    adapted = load_run_module().adapt_frameworks(report)
+    assert [(r["group"], r["variant"], r["stock"]) for r in adapted] == [
+        ("lightning", "stock", True),
+        ("lightning", "nanopatch+bf16-mixed", False),
+        ("lightning", "nproc2", False),
+        ("lightning-ddp", "stock", True),
+        ("hf", "stock", True),
+        ("timm", "nanopatch", False),
+    ]
+
+
+def fake_rank(rank: int, rate_s: float, *, patched: bool, world: int = 1, dtype: str = "float32", **extra) -> dict:
+    """A worker's result as it writes it: 8 samples in ``rate_s`` seconds."""
+    result = {
+        "rank": rank,
+        "samples": 8,
+        "seconds": rate_s,
+        "cpu_s": rate_s,
+        "step_s": [rate_s / 2] * 2,
+        "steps_seen": 3,
+        "setup_s": 1.0,
+        "first_batch": float(rank),
+        "param_checksum": 1.5,
+        "framework": "fake 1.0",
+        "threads": 2 // world,
+        "affinity_at_start": [rank] if world > 1 else [0, 1],
+        "tcmalloc": patched,
+        "jemalloc": False,
+        "world_size": world,
+        "backend": "gloo" if world > 1 else None,
+        "ddp": world > 1,
+        "strategy": "SingleDeviceStrategy",
+        "precision": "32-true",
+        "nanopatch_imported": patched,
+        "first_weight_channels_last": patched,
+        "probe": {"layer": "conv1", "calls": 2, "dtypes": {dtype: 2}, "inputs_4d": 2, "channels_last": 0},
+        "env": {},
+    }
+    result.update(extra)
+    return result
+
+
+def test_report_ratios_targets_and_checks(monkeypatch, capsys):
+    fw = load_frameworks(monkeypatch)
+    seconds = {  # 8 samples per rank: rate = 8 * ranks / seconds
+        "stock": 1.0,
+        "bf16-mixed": 0.5,
+        "nanopatch": 0.4,  # 2.5x stock, 1.25x bf16-mixed: both targets met
+        "nanopatch+bf16-mixed": 0.4,
+        "nproc2": 0.5,
+        "ddp-stock": 1.0,
+        "ddp-nanopatch": 1.25,  # 0.8x ddp-stock: not met
+        "hf-stock": 1.0,
+        "hf-nanopatch": 1.0,  # 1.0x: not met, and computed in fp32: a finding, not a failed check
+        "timm-stock": 1.0,
+        "timm-nanopatch": 0.5,
+    }
+    runs = {}
+    for name, s in seconds.items():
+        v = fw.VARIANTS[name]
+        dtype = "bfloat16" if v.precision or name in ("nanopatch", "nproc2", "timm-nanopatch") else "float32"
+        extra = {"precision": v.precision} if v.precision else {}
+        if name == "bf16-mixed":
+            dtype = "float32"  # a check fails: bf16-mixed that computed in fp32
+        if name == "stock":
+            extra["nanopatch_imported"] = True  # a check fails: stock imported nanopatch
+        ranks = [
+            fake_rank(r, s, patched=v.patched, world=v.processes, dtype=dtype, **extra) for r in range(v.processes)
+        ]
+        runs[name] = [
+            {
+                "rate": 8 * v.processes / s,
+                "seconds": s,
+                "cpu_s": s,
+                "wall_s": 10.0,
+                "other_load": 0.5,
+                "ranks": ranks,
+                "round": 0,
+            }
+        ]
+    # a checkout edited during the run: two versions of nanopatch's source between rounds
+    second = {**runs["nanopatch+bf16-mixed"][0], "round": 1, "nanopatch_digest": "b"}
+    runs["nanopatch+bf16-mixed"] = [{**runs["nanopatch+bf16-mixed"][0], "nanopatch_digest": "a"}, second]
+    args = argparse.Namespace(steps=2, warmup=1, tiny=True, **{k: 1 for k in fw.TINY if k != "tiny"})
+    rows = {r["variant"]: r for r in fw.summarise(list(seconds), runs, args, cores=2)}
+
+    assert rows["nanopatch"]["ratio"] == pytest.approx(2.5)
+    assert rows["nanopatch"]["ratio_to_bf16_mixed"] == pytest.approx(1.25)
+    assert [(t["against"], t["met"]) for t in rows["nanopatch"]["targets"]] == [("stock", True), ("bf16-mixed", True)]
+    assert rows["nproc2"]["rate"] == pytest.approx(32) and rows["nproc2"]["ratio"] == pytest.approx(4)
+    assert rows["ddp-nanopatch"]["ratio"] == pytest.approx(0.8)
+    assert [(t["against"], t["met"]) for t in rows["ddp-nanopatch"]["targets"]] == [("ddp-stock", False)]
+    assert rows["hf-nanopatch"]["targets"][0]["met"] is False
+    assert rows["timm-nanopatch"]["targets"][0]["met"] is True and rows["timm-nanopatch"]["ratio"] == 2.0
+    assert all("ratio_to_bf16_mixed" not in rows[n] for n in ("ddp-stock", "hf-stock", "timm-stock"))
+
+    assert rows["stock"]["details"]["problems"] == ["nanopatch was imported"]
+    assert rows["bf16-mixed"]["details"]["problems"] == ["bf16-mixed, but the layer computed in fp32"]
+    assert rows["hf-nanopatch"]["details"]["problems"] == []
+    assert rows["nanopatch+bf16-mixed"]["details"]["problems"] == [
+        "nanopatch's source changed between its rounds (2 versions)"
+    ]
+    assert any(f.startswith("not accelerated") for f in rows["hf-nanopatch"]["details"]["findings"])
+    assert rows["nanopatch"]["details"]["inside"] == "bf16 / contiguous"
+    for name in ("nproc2", "ddp-stock", "timm-stock"):
+        assert rows[name]["details"]["problems"] == [], name
+    assert "other processes took 50%" in rows["stock"]["details"]["load_warning"]
+
+    report = {
+        "machine": {
+            "model_name": "fake",
+            "logical_cpus": 2,
+            "physical_cores": 2,
+            "usable_cores": 2,
+            "amx": False,
+            "native_bf16": True,
+            "loadavg_start": "1.0",
+            "torch": "2.x",
+        },
+        "git": {"commit": "0" * 40, "nanopatch_changes": []},
+        "rounds": 1,
+        "steps": 2,
+        "warmup": 1,
+        "descriptions": fw.descriptions(args),
+        "rows": list(rows.values()),
+        "loadavg_end": "1.0",
+        "command": "python bench/frameworks.py",
+        "seconds": 1.0,
+    }
+    fw.print_markdown(report)
+    text = capsys.readouterr().out
+    assert ">= 1.8x stock: met; >= 1.1x bf16-mixed: met" in text
+    assert ">= 1x ddp-stock: not met" in text and ">= 1.3x hf-stock: not met" in text
+    assert "- check failed: `stock`: nanopatch was imported" in text
+    assert "| x stock | x bf16-mixed | target |" in text
