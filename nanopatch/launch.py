@@ -1,7 +1,9 @@
 """The runner's process side: tune the CPU runtime, and start ``--nproc`` pinned processes.
 
-* :func:`tune` sets threads, OpenMP affinity and the allocator for a single process (see
-  :mod:`nanopatch.runtime`), re-executing the interpreter once when ``LD_PRELOAD`` changed.
+* :func:`tune` sets threads, OpenMP affinity (unless ``--no-pin-threads``) and the allocator
+  for a single process (see :mod:`nanopatch.runtime`), re-executing the interpreter once when
+  ``LD_PRELOAD`` changed; processes the script starts as several workers each take their
+  share of its threads.
 * :func:`launch` starts N processes through ``torch.distributed.run`` (torchrun's machinery:
   rendezvous, monitoring, stopping every rank when one fails), each running
   ``python -m nanopatch --rank-worker ...`` with the same script and arguments.
@@ -67,8 +69,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--tune",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="set OMP_NUM_THREADS, OpenMP affinity and a faster allocator for this machine; values "
+        help="set OMP_NUM_THREADS and a faster allocator for this machine, and give processes the script "
+        "starts (torchrun, Lightning DDP, torch.multiprocessing.spawn) their share of the threads; values "
         "you set yourself are kept (default: on; --no-tune leaves the environment as it is)",
+    )
+    tuning.add_argument(
+        "--pin-threads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin OpenMP's threads one per physical core, the main thread included (GOMP_CPU_AFFINITY or "
+        "KMP_AFFINITY): much steadier when other work shares the machine; threads the script itself starts "
+        "then share the main thread's CPU, processes it starts get every CPU (default: on; "
+        "--no-pin-threads leaves placement to the scheduler, as in stock torch)",
     )
     tuning.add_argument(
         "--allocator",
@@ -128,11 +140,17 @@ def _openmp() -> str:
 def current_plan(opts: argparse.Namespace, facts: cpu.CpuFacts | None = None, **kwargs: Any) -> runtime.Plan:
     facts = cpu.host_facts() if facts is None else facts
     return runtime.plan(
-        facts, os.environ, _openmp(), allocator=opts.allocator, ours=runtime.tuned_names(os.environ), **kwargs
+        facts,
+        os.environ,
+        _openmp(),
+        allocator=opts.allocator,
+        ours=runtime.tuned_names(os.environ),
+        pin=opts.pin_threads,
+        **kwargs,
     )
 
 
-def rank_plan(cpus: Sequence[int], nproc: int, openmp: str | None = None) -> runtime.Plan:
+def rank_plan(cpus: Sequence[int], nproc: int, openmp: str | None = None, pin: bool = True) -> runtime.Plan:
     """The threads and OpenMP affinity of one of ``nproc`` processes pinned to ``cpus`` (the
     allocator is the launcher's, which they all inherit)."""
     return runtime.plan(
@@ -142,6 +160,7 @@ def rank_plan(cpus: Sequence[int], nproc: int, openmp: str | None = None) -> run
         allocator="default",
         share=nproc,
         ours=runtime.tuned_names(os.environ),
+        pin=pin,
     )
 
 
@@ -157,6 +176,8 @@ def tune(opts: argparse.Namespace, may_reexec: bool) -> runtime.Plan | None:
         logger.info("%s", runtime.format_plan(p))
     if runtime.tuned_names(os.environ) & set(runtime.PIN_VARIABLES):
         runtime.keep_children_unpinned(cpu.host_facts().allowed_cpus)
+    if runtime.nanopatch_threads(os.environ) is not None:
+        runtime.watch_launches()  # a script that becomes one of several ranks (Lightning's DDP) takes its share
     return p
 
 
@@ -188,7 +209,7 @@ def describe_processes(opts: argparse.Namespace, p: runtime.Plan) -> dict[str, A
     groups = rank_cpus(opts)
     report["processes"] = []
     for group in groups:
-        share = rank_plan(group, len(groups), p.openmp)
+        share = rank_plan(group, len(groups), p.openmp, opts.pin_threads)
         settings = " ".join(f"{s.name}={s.effective}" for s in share.settings if s.effective is not None)
         report["processes"].append(f"CPUs {runtime.cpu_list_text(group)}: {settings}")
     report["threads"] = f"{len(groups)} process(es)"
@@ -216,6 +237,8 @@ def torchrun_argv(opts: argparse.Namespace, groups: Sequence[Sequence[int]], tar
     worker = ["--rank-worker", "--rank-cpus", ";".join(runtime.cpu_list_text(g) for g in groups)]
     if not opts.tune:
         worker.append("--no-tune")
+    if not opts.pin_threads:
+        worker.append("--no-pin-threads")
     if opts.all_ranks_print:
         worker.append("--all-ranks-print")
     return [*argv, "-m", "nanopatch", *worker, *target]
@@ -234,8 +257,7 @@ def launch(opts: argparse.Namespace, target: Sequence[str]) -> int:
     facts = cpu.host_facts()
     # each rank sets its own threads; this keeps torchrun from setting 1 for all of them
     if not os.environ.get("OMP_NUM_THREADS") or "OMP_NUM_THREADS" in runtime.tuned_names(os.environ):
-        os.environ["OMP_NUM_THREADS"] = str(rank_plan(groups[0], len(groups), "unknown").threads)
-        runtime.mark(os.environ, ["OMP_NUM_THREADS"])
+        runtime.set_threads(os.environ, rank_plan(groups[0], len(groups), "unknown").threads)
     os.environ.setdefault(runtime.CPUS_VARIABLE, runtime.cpu_list_text(facts.allowed_cpus))
     os.environ["NANOPATCH_DATA_PARALLEL"] = "1"
     argv = torchrun_argv(opts, groups, target)
@@ -273,8 +295,9 @@ def start_worker(opts: argparse.Namespace) -> None:
     if groups:
         mine = groups[local_rank % len(groups)]
         pin_every_thread(set(mine))
-        p = rank_plan(mine, len(groups))
+        p = rank_plan(mine, len(groups), pin=opts.pin_threads)
         runtime.apply(p, only=RANK_VARIABLES if opts.tune else ("OMP_NUM_THREADS",))
+        runtime.mark_shared(os.environ)  # processes this rank starts do not divide its threads again
         runtime.keep_children_unpinned(mine)
         logger.info("rank %s: CPUs %s\n%s", os.environ.get("RANK"), runtime.cpu_list_text(mine), runtime.format_plan(p))
     if int(os.environ.get("RANK", "0")) != 0 and not opts.all_ranks_print:

@@ -5,10 +5,15 @@ runner should set before torch is imported:
 
 * ``OMP_NUM_THREADS``: the physical cores this process may use (its affinity mask, and a
   cgroup v1/v2 CPU quota rounded down);
-* OpenMP affinity for the runtime torch loads: ``GOMP_CPU_AFFINITY`` (GNU OpenMP, what
-  PyPI's torch ships) or ``KMP_AFFINITY`` plus ``KMP_BLOCKTIME=1`` (Intel OpenMP), one
-  thread per physical core. Threads are not pinned under a CPU quota: the quota, not a
-  set of cores, is the limit there;
+* ``KMP_BLOCKTIME=1`` for Intel OpenMP (its threads sleep soon after a parallel region);
+* OpenMP affinity (``pin=True``, the runner's default; ``--no-pin-threads`` turns it off):
+  ``GOMP_CPU_AFFINITY`` (GNU OpenMP, what PyPI's torch ships) or ``KMP_AFFINITY`` (Intel
+  OpenMP), one thread per physical core, the main thread included. The main thread is
+  thread 0 of every parallel region and stays pinned: left free beside pinned workers, the
+  scheduler puts it on a worker's CPU whenever other work shares the machine, and the two
+  then take turns at every barrier. The price: threads the main thread starts share its
+  CPU (processes it starts get the whole set back, see :func:`keep_children_unpinned`).
+  Never pinned under a CPU quota: the quota, not a set of cores, is the limit there;
 * an allocator appended to ``LD_PRELOAD``: tcmalloc when installed (``auto``), or jemalloc
   (with the ``MALLOC_CONF`` IPEX's launcher uses) when asked for. ``LD_PRELOAD`` is read only when a process starts,
   so this needs the interpreter re-executed once.
@@ -25,6 +30,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import cpu
 
@@ -172,12 +178,13 @@ def plan(
     finder: Callable[[str], str | None] = find_allocator,
     share: int = 1,
     ours: Iterable[str] = (),
+    pin: bool = True,
 ) -> Plan:
     """What to set for one process that may run on ``cpus`` (default: all it is allowed).
 
     ``share`` is the number of processes that split the cgroup CPU quota between them;
     ``ours`` names variables in ``environ`` that nanopatch itself set (in a launcher), which
-    are not the user's and may be set again."""
+    are not the user's and may be set again; ``pin`` pins OpenMP's threads, one per core."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
     settings: list[Setting] = []
@@ -205,14 +212,16 @@ def plan(
     pinned: tuple[int, ...] = ()
     if quota_limited:
         reason = "not pinned: under a CPU quota the scheduler, not a core set, limits this process"
+    elif not pin:
+        reason = "not pinned (--no-pin-threads): threads go where the scheduler puts them, as in stock torch"
     else:
         pinned = tuple(core[0] for core in cores[:threads])
-        reason = "one OpenMP thread per physical core, hyperthread siblings left free"
+        reason = "one OpenMP thread per physical core, the main thread included; hyperthread siblings left free"
     if openmp == "intel":
-        choose("KMP_AFFINITY", None if quota_limited else KMP_AFFINITY, reason)
+        choose("KMP_AFFINITY", KMP_AFFINITY if pinned else None, reason)
         choose("KMP_BLOCKTIME", "1", "Intel OpenMP: threads sleep 1 ms after a parallel region, not 200")
     elif openmp == "gnu":
-        choose("GOMP_CPU_AFFINITY", None if quota_limited else _cpu_list(pinned), reason)
+        choose("GOMP_CPU_AFFINITY", _cpu_list(pinned) if pinned else None, reason)
     else:
         settings.append(Setting("OMP_PROC_BIND", None, f"OpenMP runtime {openmp}: affinity left alone"))
 
@@ -363,6 +372,12 @@ TUNED_VARIABLE = "NANOPATCH_TUNED"
 CPUS_VARIABLE = "NANOPATCH_CPUS"
 #: OpenMP variables that pin the process that reads them (its main thread included)
 PIN_VARIABLES = ("GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+#: the ``OMP_NUM_THREADS`` value nanopatch set, beside it: a process that finds the variable
+#: still at this value knows it is nanopatch's, not a value the user set
+THREADS_VARIABLE = "NANOPATCH_THREADS"
+#: the group of sibling processes whose share ``OMP_NUM_THREADS`` already is: a process started
+#: by one of them inherits the group's variables and must not divide the threads again
+SHARED_VARIABLE = "NANOPATCH_SHARED"
 
 
 def tuned_names(environ: Mapping[str, str]) -> set[str]:
@@ -376,6 +391,8 @@ def apply(p: Plan, environ: dict[str, str] | None = None, only: Iterable[str] | 
     changes = {k: v for k, v in p.changes().items() if wanted is None or k in wanted}
     environ.update(changes)
     mark(environ, changes)
+    if "OMP_NUM_THREADS" in changes:
+        environ[THREADS_VARIABLE] = changes["OMP_NUM_THREADS"]
     return changes
 
 
@@ -397,29 +414,24 @@ def reexec(environ: dict[str, str] | None = None) -> None:
 
 
 def keep_children_unpinned(cpus: Sequence[int], environ: dict[str, str] | None = None) -> None:
-    """OpenMP affinity pins this process's main thread to one CPU when torch loads it, and
-    every thread and process started from it inherits that mask: DataLoader workers would
-    all share one CPU (and torch would warn that one worker is all the machine can take).
-    Give the main thread the whole set back once torch is imported (OpenMP's other threads
-    stay pinned, and OpenMP does not pin the main thread again), give forked children the
-    set too, and tell started ones (the bootstrap reads it)."""
+    """Processes this one starts may use all of ``cpus``, whatever this process is pinned to.
+
+    OpenMP affinity pins the main thread to one CPU when torch loads, and a process started
+    from it inherits that mask: DataLoader workers would all share one CPU (and torch would
+    warn that one worker is all the machine can take). Forked children get the set back
+    here, started ones from the bootstrap, which reads it from the environment. The main
+    thread itself stays pinned: freed, the scheduler would put it beside a pinned worker."""
     environ = os.environ if environ is None else environ
     environ[CPUS_VARIABLE] = cpu_list_text(cpus)
     wanted = set(cpus)
 
-    def restore(*_: object) -> None:
+    def restore() -> None:
         try:
             os.sched_setaffinity(0, wanted)
         except OSError:
             pass
 
     os.register_at_fork(after_in_child=restore)
-    if "torch" in sys.modules:
-        restore()
-    else:
-        import wrapt
-
-        wrapt.register_post_import_hook(restore, "torch")
 
 
 def unpin_started_child(environ: dict[str, str] | None = None) -> None:
@@ -443,3 +455,182 @@ def unpin_started_child(environ: dict[str, str] | None = None) -> None:
         environ[TUNED_VARIABLE] = ",".join(sorted(remaining))
     else:
         environ.pop(TUNED_VARIABLE, None)
+
+
+# --- processes the script starts: each its share of the threads ------------------------------
+
+#: what names a launcher's group of workers: torchrun's and Lightning's rendezvous variables
+GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+#: the last argument of a process started by multiprocessing's spawn method
+SPAWN_ARGUMENT = "--multiprocessing-fork"
+
+_watching_launches = False
+
+
+def nanopatch_threads(environ: Mapping[str, str]) -> int | None:
+    """The ``OMP_NUM_THREADS`` nanopatch set in ``environ``; None when the variable is unset or
+    is not nanopatch's (the user set it, or changed it since)."""
+    value = environ.get("OMP_NUM_THREADS")
+    if value is None or value != environ.get(THREADS_VARIABLE) or "OMP_NUM_THREADS" not in tuned_names(environ):
+        return None
+    return _whole(value)
+
+
+def set_threads(environ: dict[str, str], threads: int) -> None:
+    """Set ``OMP_NUM_THREADS`` as nanopatch's own value."""
+    environ["OMP_NUM_THREADS"] = environ[THREADS_VARIABLE] = str(threads)
+    mark(environ, ["OMP_NUM_THREADS"])
+
+
+def launcher_group(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """``(processes on this machine, group key)`` when a launcher started this process as one of
+    several workers: ``LOCAL_WORLD_SIZE`` (torchrun), else ``WORLD_SIZE`` beside ``LOCAL_RANK``
+    (Lightning's DDP launcher, which sets no local size: on several machines each process then
+    gets fewer threads than it could, never more)."""
+    if "LOCAL_RANK" not in environ:
+        return None
+    size = _whole(environ.get("LOCAL_WORLD_SIZE")) or _whole(environ.get("WORLD_SIZE"))
+    if size is None:
+        return None
+    return size, "launcher:" + ",".join(environ.get(name, "") for name in GROUP_VARIABLES)
+
+
+def take_share(environ: dict[str, str], siblings: int, group: str) -> int | None:
+    """Make nanopatch's ``OMP_NUM_THREADS`` this process's share as one of ``siblings``
+    processes of ``group``: the threads divided by ``siblings``, at least 1. Returns the new
+    count, or None when nothing changed (the value is the user's, or this group's share was
+    taken already, or there are no siblings)."""
+    threads = nanopatch_threads(environ)
+    if threads is None or siblings <= 1 or environ.get(SHARED_VARIABLE) == group:
+        return None
+    share = max(1, threads // siblings)
+    set_threads(environ, share)
+    environ[SHARED_VARIABLE] = group
+    return share
+
+
+def mark_shared(environ: dict[str, str]) -> None:
+    """This process's threads are its launcher group's share already (a ``--nproc`` rank)."""
+    group = launcher_group(environ)
+    if group is not None and nanopatch_threads(environ) is not None:
+        environ[SHARED_VARIABLE] = group[1]
+
+
+def share_threads_in_child(environ: dict[str, str] | None = None, argv: Sequence[str] | None = None) -> None:
+    """In a Python process started under the runner (the bootstrap calls this before torch
+    loads): when it is one of several workers, give it its share of the runner's threads.
+
+    * A torchrun or Lightning worker knows its group from the launcher's variables: the share
+      is set now, so OpenMP reads it when torch loads.
+    * A process started by multiprocessing's spawn method (``torch.multiprocessing.spawn``,
+      which sets no variable) counts the spawned processes its parent is running once torch
+      is imported, when its siblings have been started.
+    * A process that starts processes of its own launcher group, as Lightning's rank 0 does
+      from the script's process, takes its share when it starts them."""
+    environ = os.environ if environ is None else environ
+    if nanopatch_threads(environ) is None:
+        return
+    group = launcher_group(environ)
+    if group is not None:
+        take_share(environ, *group)
+    elif is_spawned(sys.argv if argv is None else argv):
+        _after_torch_import(lambda torch: _share_with_spawned_siblings(torch, environ))
+    watch_launches()
+
+
+def is_spawned(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[-1] == SPAWN_ARGUMENT
+
+
+def _share_with_spawned_siblings(torch: Any, environ: dict[str, str]) -> None:
+    parent = os.getppid()
+    share = take_share(environ, spawned_children(parent), f"spawn:{parent}")
+    if share is not None:
+        torch.set_num_threads(share)
+
+
+def spawned_children(pid: int, proc: str = "/proc") -> int:
+    """How many running children of process ``pid`` were started by multiprocessing's spawn method."""
+    return sum(1 for child in child_pids(pid, proc) if is_spawned(_cmdline(child, proc)))
+
+
+def child_pids(pid: int, proc: str = "/proc") -> set[int]:
+    """The children of process ``pid``: its threads' ``children`` files, else a scan of ``/proc``."""
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+        for tid in tasks:
+            with open(f"{proc}/{pid}/task/{tid}/children") as f:
+                found.update(int(child) for child in f.read().split())
+        return found
+    except (OSError, ValueError):  # a kernel without CONFIG_PROC_CHILDREN
+        pass
+    for entry in os.listdir(proc):
+        if entry.isdigit():
+            try:
+                with open(f"{proc}/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 1 and fields[1] == str(pid):
+                found.add(int(entry))
+    return found
+
+
+def _cmdline(pid: int, proc: str) -> list[str]:
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def watch_launches() -> None:
+    """Lightning's DDP launcher runs rank 0 in the process it is called from: it sets
+    ``LOCAL_RANK`` and ``WORLD_SIZE`` there and starts the other ranks with ``subprocess.Popen``.
+    An audit hook sees that start; the process then takes its share, as the ranks it starts do.
+    (Lightning sets a share itself only when ``OMP_NUM_THREADS`` is unset.)"""
+    global _watching_launches
+    if not _watching_launches:
+        _watching_launches = True
+        sys.addaudithook(_on_audit)
+
+
+def _on_audit(event: str, args: tuple) -> None:
+    if event != "subprocess.Popen":
+        return
+    try:
+        share = share_when_starting(os.environ, args[3])
+        if share is not None and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(share)
+    except Exception:  # never break the start of a process
+        pass
+
+
+def share_when_starting(environ: dict[str, str], child_env: Mapping[str, str] | None) -> int | None:
+    """This process starts one with ``child_env`` (None: this environment): when both are in
+    the same launcher group, take this process's share (see :func:`take_share`)."""
+    mine = launcher_group(environ)
+    if mine is None:
+        return None
+    theirs = launcher_group(environ if child_env is None else child_env)
+    if theirs is None or theirs[1] != mine[1]:
+        return None
+    return take_share(environ, *mine)
+
+
+def _after_torch_import(callback: Callable[[Any], None]) -> None:
+    if "torch" in sys.modules:
+        callback(sys.modules["torch"])
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(callback, "torch")
+
+
+def _whole(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else 0
+    except ValueError:
+        return None
+    return value if value >= 1 else None

@@ -53,48 +53,61 @@ def test_two_core_vm(tmp_path):
     assert "no tcmalloc library found" in setting(p, "LD_PRELOAD").reason
 
 
+@pytest.mark.parametrize("openmp", ["gnu", "intel"])
+def test_openmp_threads_are_left_to_the_scheduler_when_asked(tmp_path, openmp):
+    """--no-pin-threads: affinity is the scheduler's, as in stock torch."""
+    p = runtime.plan(facts(tmp_path), {}, openmp, finder=no_allocator, pin=False)
+    assert not set(p.changes()) & set(runtime.PIN_VARIABLES) and p.cpus == ()
+    assert "not pinned" in setting(p, "GOMP_CPU_AFFINITY" if openmp == "gnu" else "KMP_AFFINITY").reason
+    assert ("KMP_BLOCKTIME" in p.changes()) == (openmp == "intel")
+
+
 def test_56_cores_on_2_sockets_with_hyperthreads(tmp_path):
     info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
     f = facts(tmp_path, cpuinfo=info, allowed=range(112))
     assert f.physical_cores == 56 and len(f.cores) == 56 and f.cores[0] == (0, 56)
-    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator, pin=True)
     assert p.changes()["OMP_NUM_THREADS"] == "56"
     assert p.changes()["GOMP_CPU_AFFINITY"] == ",".join(str(c) for c in range(56))  # no HT siblings
-    intel = runtime.plan(f, {}, "intel", finder=no_allocator)
+    intel = runtime.plan(f, {}, "intel", finder=no_allocator, pin=True)
     assert intel.changes() == {
         "OMP_NUM_THREADS": "56",
         "KMP_AFFINITY": runtime.KMP_AFFINITY,
         "KMP_BLOCKTIME": "1",
     }
     # one process's share: the second socket's cores
-    half = runtime.plan(f, {}, "gnu", cpus=list(range(28, 56)) + list(range(84, 112)), finder=no_allocator)
+    cpus = list(range(28, 56)) + list(range(84, 112))
+    half = runtime.plan(f, {}, "gnu", cpus=cpus, finder=no_allocator, pin=True)
     assert half.changes()["OMP_NUM_THREADS"] == "28" and half.cpus == tuple(range(28, 56))
+    assert runtime.plan(f, {}, "gnu", cpus=cpus, finder=no_allocator, pin=False).changes() == {"OMP_NUM_THREADS": "28"}
 
 
 def test_cgroup_quota_of_3_5_cpus(tmp_path):
     info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
     f = facts(tmp_path, cpuinfo=info, allowed=range(112), quota=3.5)
     assert f.cpu_quota == 3.5
-    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
-    assert p.changes() == {"OMP_NUM_THREADS": "3"}  # rounded down, and not pinned
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator, pin=True)
+    assert p.changes() == {"OMP_NUM_THREADS": "3"}  # rounded down, and not pinned even when asked
     assert "quota of 3.5" in setting(p, "OMP_NUM_THREADS").reason
     assert p.cpus == () and "not pinned" in setting(p, "GOMP_CPU_AFFINITY").reason
 
 
 def test_affinity_mask_0_2_4(tmp_path):
     f = facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 2, 4))
-    p = runtime.plan(f, {}, "gnu", finder=no_allocator)
+    p = runtime.plan(f, {}, "gnu", finder=no_allocator, pin=True)
     assert p.changes() == {"OMP_NUM_THREADS": "3", "GOMP_CPU_AFFINITY": "0,2,4"}
     # 0 and 8 are siblings on that machine: one core, one thread
     siblings = runtime.plan(
-        facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 8)), {}, "gnu", finder=no_allocator
+        facts(tmp_path, name="xeon_spr_2s_ht.cpuinfo", allowed=(0, 8)), {}, "gnu", finder=no_allocator, pin=True
     )
     assert siblings.changes() == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "0"}
 
 
 def test_values_the_user_set_are_kept_and_reported(tmp_path):
     env = {"OMP_NUM_THREADS": "7", "GOMP_CPU_AFFINITY": "1", "MALLOC_CONF": "narenas:1"}
-    p = runtime.plan(facts(tmp_path), env, "gnu", allocator="jemalloc", finder=lambda name: "/opt/lib/libjemalloc.so.2")
+    p = runtime.plan(
+        facts(tmp_path), env, "gnu", allocator="jemalloc", finder=lambda name: "/opt/lib/libjemalloc.so.2", pin=True
+    )
     assert setting(p, "OMP_NUM_THREADS").kept == "7" and "set by you" in setting(p, "OMP_NUM_THREADS").reason
     assert "OMP_NUM_THREADS" not in p.changes() and "GOMP_CPU_AFFINITY" not in p.changes()
     assert "MALLOC_CONF" not in p.changes() and setting(p, "MALLOC_CONF").kept == "narenas:1"
@@ -181,7 +194,9 @@ def test_two_processes_on_the_two_core_vm(tmp_path):
     assert runtime.auto_nproc(f) == 1  # one socket
     with pytest.raises(ValueError, match="3 processes need at least 3 physical cores"):
         runtime.process_cpus(f, 3)
-    one = runtime.plan(cpu_facts_for(tmp_path, f, (1,)), {}, "gnu", allocator="default", share=2)
+    one = runtime.plan(cpu_facts_for(tmp_path, f, (1,)), {}, "gnu", allocator="default", share=2, pin=False)
+    assert one.changes() == {"OMP_NUM_THREADS": "1"}
+    one = runtime.plan(cpu_facts_for(tmp_path, f, (1,)), {}, "gnu", allocator="default", share=2, pin=True)
     assert one.changes() == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"}
 
 
@@ -197,7 +212,7 @@ def test_56_cores_on_2_sockets_split_by_socket_with_their_hyperthreads(tmp_path)
     first, second = runtime.process_cpus(f, 2)
     assert first == tuple(range(28)) + tuple(range(56, 84))  # socket 0's cores and their siblings
     assert second == tuple(range(28, 56)) + tuple(range(84, 112))
-    p = runtime.plan(facts(tmp_path, cpuinfo=info, allowed=second), {}, "gnu", allocator="default", share=2)
+    p = runtime.plan(facts(tmp_path, cpuinfo=info, allowed=second), {}, "gnu", allocator="default", share=2, pin=True)
     assert p.changes() == {"OMP_NUM_THREADS": "28", "GOMP_CPU_AFFINITY": ",".join(map(str, range(28, 56)))}
     four = runtime.process_cpus(f, 4, cores_per_proc=4)
     assert [len(g) for g in four] == [8, 8, 8, 8] and four[1] == (4, 5, 6, 7, 60, 61, 62, 63)
@@ -259,3 +274,119 @@ def test_children_get_the_whole_cpu_set_back(tmp_path):
     runtime.unpin_started_child(user)
     assert user["GOMP_CPU_AFFINITY"] == "0"
     assert runtime.cpu_list_text([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+# --- processes a script starts: each its share of the threads --------------------------------------
+
+
+def tuned_env(threads="2", **extra):
+    """The environment the runner leaves after setting OMP_NUM_THREADS itself."""
+    return {"OMP_NUM_THREADS": threads, "NANOPATCH_THREADS": threads, "NANOPATCH_TUNED": "OMP_NUM_THREADS", **extra}
+
+
+def test_apply_records_the_thread_count_it_set(tmp_path):
+    env = {}
+    runtime.apply(runtime.plan(facts(tmp_path), {}, "gnu", finder=no_allocator), env)
+    assert env["OMP_NUM_THREADS"] == env["NANOPATCH_THREADS"] == "2"
+    assert runtime.nanopatch_threads(env) == 2
+    user = {"OMP_NUM_THREADS": "3"}
+    runtime.apply(runtime.plan(facts(tmp_path), user, "gnu", finder=no_allocator), user)
+    assert "NANOPATCH_THREADS" not in user and runtime.nanopatch_threads(user) is None
+
+
+def test_the_users_thread_count_is_told_from_nanopatchs():
+    assert runtime.nanopatch_threads(tuned_env()) == 2
+    assert runtime.nanopatch_threads({"OMP_NUM_THREADS": "2"}) is None  # the user's
+    assert runtime.nanopatch_threads(tuned_env(OMP_NUM_THREADS="1")) is None  # changed since: the user's
+    assert runtime.nanopatch_threads(tuned_env(NANOPATCH_TUNED="GOMP_CPU_AFFINITY")) is None
+    assert runtime.nanopatch_threads({"NANOPATCH_THREADS": "2", "NANOPATCH_TUNED": "OMP_NUM_THREADS"}) is None
+
+
+def test_launcher_groups():
+    torchrun = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "MASTER_PORT": "29500"}
+    size, key = runtime.launcher_group(torchrun)
+    assert size == 2  # the processes on this machine, not the world
+    assert runtime.launcher_group({**torchrun, "LOCAL_RANK": "0"})[1] == key  # one group, whatever the rank
+    assert runtime.launcher_group({**torchrun, "MASTER_PORT": "29501"})[1] != key
+    lightning = {"LOCAL_RANK": "1", "WORLD_SIZE": "3", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    assert runtime.launcher_group(lightning)[0] == 3
+    assert runtime.launcher_group({"WORLD_SIZE": "2"}) is None  # no LOCAL_RANK: not a local worker
+    assert runtime.launcher_group({"LOCAL_RANK": "0", "WORLD_SIZE": "x"}) is None
+
+
+@pytest.mark.parametrize(("threads", "siblings", "share"), [("2", 2, 1), ("2", 3, 1), ("56", 3, 18), ("8", 2, 4)])
+def test_each_sibling_gets_its_share_of_the_threads(threads, siblings, share):
+    env = tuned_env(threads)
+    assert runtime.take_share(env, siblings, "g") == share
+    assert env["OMP_NUM_THREADS"] == env["NANOPATCH_THREADS"] == str(share) and env["NANOPATCH_SHARED"] == "g"
+    # a process this one starts inherits the group: its threads are not divided again
+    assert runtime.take_share(dict(env), siblings, "g") is None
+    # one it starts as a group of its own divides its share
+    assert runtime.take_share(dict(env), 2, "h") == max(1, share // 2)
+
+
+def test_a_thread_count_the_user_set_is_never_divided():
+    user = {"OMP_NUM_THREADS": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    runtime.share_threads_in_child(user, argv=["worker.py"])
+    assert user["OMP_NUM_THREADS"] == "2" and "NANOPATCH_SHARED" not in user
+    assert runtime.take_share(dict(user), 2, "g") is None
+    assert runtime.take_share(tuned_env(), 1, "g") is None  # no siblings: nothing to share
+
+
+def test_launcher_workers_take_their_share_before_torch_loads():
+    env = tuned_env("4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_PORT="1")
+    runtime.share_threads_in_child(env, argv=["worker.py"])
+    assert env["OMP_NUM_THREADS"] == "2"
+    rank = tuned_env("4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_PORT="1")
+    runtime.mark_shared(rank)  # a --nproc rank: its threads are its share already
+    runtime.share_threads_in_child(rank, argv=["worker.py"])
+    assert rank["OMP_NUM_THREADS"] == "4"
+
+
+def test_a_process_that_starts_ranks_of_its_own_group_takes_its_share():
+    # Lightning's DDP launcher: rank 0 is the script's process, which sets these and starts rank 1
+    group = {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "5"}
+    parent = tuned_env(**group)
+    child = {**parent, "LOCAL_RANK": "1"}
+    assert runtime.share_when_starting(parent, child) == 1 and parent["OMP_NUM_THREADS"] == "1"
+    assert runtime.share_when_starting(parent, child) is None  # once
+    # a process started with an environment of no group, or of another group, changes nothing
+    other = tuned_env(**group)
+    assert runtime.share_when_starting(other, {"PATH": "/bin"}) is None
+    assert runtime.share_when_starting(other, {**child, "MASTER_PORT": "6"}) is None
+    assert runtime.share_when_starting(tuned_env(), None) is None  # not a rank itself
+    assert other["OMP_NUM_THREADS"] == "2"
+
+
+def fake_proc(root, processes):
+    """A /proc with ``processes``: pid -> (parent pid, argv); children listed per thread when
+    ``children`` files are wanted."""
+    for pid, (ppid, argv) in processes.items():
+        d = root / str(pid)
+        (d / "task" / str(pid)).mkdir(parents=True)
+        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+        (d / "stat").write_text(f"{pid} (py thon) S {ppid} 1 1 0 -1\n")
+    return root
+
+
+SPAWN_MAIN = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)"
+SPAWNED = ["python", "-c", SPAWN_MAIN, "--multiprocessing-fork"]
+
+
+def test_spawned_siblings_are_counted_from_proc(tmp_path):
+    processes = {
+        10: (1, ["python", "-m", "nanopatch", "train.py"]),
+        11: (10, SPAWNED),
+        12: (10, SPAWNED),
+        13: (10, ["python", "-c", "from multiprocessing.resource_tracker import main;main(4)"]),
+        14: (12, SPAWNED),  # a grandchild: not a sibling
+    }
+    proc = fake_proc(tmp_path / "scan", processes)  # no children files: a scan of the stat files
+    assert runtime.child_pids(10, str(proc)) == {11, 12, 13}
+    assert runtime.spawned_children(10, str(proc)) == 2
+    listed = fake_proc(tmp_path / "listed", processes)
+    (listed / "10" / "task" / "10" / "children").write_text("11 13 ")
+    (listed / "10" / "task" / "77").mkdir()
+    (listed / "10" / "task" / "77" / "children").write_text("12")  # started by another thread
+    assert runtime.spawned_children(10, str(listed)) == 2
+    assert runtime.is_spawned(["-c", "--multiprocessing-fork"]) and not runtime.is_spawned(["train.py"])

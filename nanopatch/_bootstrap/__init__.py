@@ -1,10 +1,12 @@
 """Child-process bootstrap: ``python -m nanopatch`` puts this folder on ``PYTHONPATH``.
 
 The ``sitecustomize.py`` beside this file then runs at start-up in every Python process the
-script starts (DataLoader workers under spawn/forkserver, subprocesses), calls
-``patch_torch()`` with the options exported as ``NANOPATCH_*``, and hands over to any other
-``sitecustomize`` the environment had. Patching only installs import hooks, so a child
-that never imports torch pays the import of nanopatch and wrapt and nothing more.
+script starts (DataLoader workers under spawn/forkserver, subprocesses), gives it the whole
+CPU set and, when it is one of several workers, its share of the threads (see
+:func:`nanopatch.runtime.share_threads_in_child`), calls ``patch_torch()`` with the options
+exported as ``NANOPATCH_*``, and hands over to any other ``sitecustomize`` the environment
+had. Patching only installs import hooks, so a child that never imports torch pays the import
+of nanopatch and wrapt and nothing more.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ LOG_LEVEL_VARIABLE = "NANOPATCH_LOG_LEVEL"
 def start_child() -> None:
     """Patch this (child) process from the environment; never raise."""
     try:
-        from ..runtime import unpin_started_child
+        from ..runtime import share_threads_in_child, unpin_started_child
 
         unpin_started_child()  # before torch (and its OpenMP) loads in this process
+        share_threads_in_child()
     except Exception as exc:
-        sys.stderr.write(f"nanopatch: could not reset this process's CPU affinity: {exc}\n")
+        sys.stderr.write(f"nanopatch: could not set this process's CPU affinity and threads: {exc}\n")
     try:
         level = os.environ.get(LOG_LEVEL_VARIABLE)
         if level:
