@@ -76,12 +76,14 @@ from typing import Any
 from multi_instance import (  # bench/ is this script's folder, first on sys.path
     OTHER_LOAD_WARNING,
     SETTLE_S,
+    adopt_descendants,
     children_cpu_s,
     cpu_text,
     machine_busy_s,
     machine_facts,
     mapped,
     plural,
+    reap_descendants,
     run_env,
     shown_path,
     tail,
@@ -553,6 +555,7 @@ def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], wo
     """One fresh process (group) of a variant: its rate, or its error."""
     out = tempfile.mkdtemp(prefix=f"{variant.name}-", dir=workdir)
     log_path = Path(out, "log.txt")
+    adopt_descendants()
     busy_before, ours_before = machine_busy_s(), children_cpu_s()
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -565,6 +568,7 @@ def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], wo
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return {"error": f"no result within {args.timeout:.0f} s (killed)", "log": tail(log_path)}
+    reap_descendants(proc.pid, 60)  # Lightning's rank 1, left by rank 0: its CPU time is the run's
     wall = time.perf_counter() - started
     busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
     other_load = None
