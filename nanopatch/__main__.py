@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__, config, launch
+from . import __version__, config, launch, runtime
 from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
 from ._log import configure_stderr
 
@@ -36,7 +36,8 @@ USAGE = (
     "       python -m nanopatch [options] -m module [args ...]\n"
     "       python -m nanopatch --nproc N [options] script.py [args ...]\n"
     "       python -m nanopatch --compare [options] script.py [args ...]\n"
-    "       python -m nanopatch --info [--json]"
+    "       python -m nanopatch --info [--json]\n"
+    '       eval "$(python -m nanopatch --init [--no-pin-threads] [--allocator NAME])"'
 )
 
 
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         "of wall time, images/s, final loss and accuracy",
     )
     parser.add_argument("--info", action="store_true", help="print the capability report and exit")
+    parser.add_argument(
+        "--init",
+        action="store_true",
+        help="print the runtime tuning (threads, OpenMP affinity, allocator) as shell export lines and exit: "
+        'eval "$(python -m nanopatch --init)" sets a shell or notebook launcher up as the runner would '
+        "(replaces BigDL-Nano's source bigdl-nano-init)",
+    )
     parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
     parser.add_argument(
         "-v",
@@ -229,6 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:  # a bad NANOPATCH_* value, or a --nproc/--cpus that does not fit
             parser.error(str(exc))
         print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
+        return 0
+    if opts.init:
+        if target is not None or launch.wants_launch(opts) or not opts.tune:
+            parser.error("--init takes no script, no --nproc/--cpus and no --no-tune: it prints one process's tuning")
+        try:
+            print(runtime.shell_exports(launch.current_plan(opts)))
+        except ValueError as exc:
+            parser.error(str(exc))
         return 0
     if opts.json:
         parser.error("--json goes with --info")

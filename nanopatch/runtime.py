@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -360,6 +361,30 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {s.name}={shown}  # {s.reason}")
     if p.needs_reexec:
         lines.append("  (the interpreter is re-executed once so that LD_PRELOAD takes effect)")
+    return "\n".join(lines)
+
+
+def shell_exports(p: Plan) -> str:
+    """The plan as POSIX shell ``export`` lines, each with its reason as a comment, for
+    ``eval "$(python -m nanopatch --init)"`` (what ``source bigdl-nano-init`` did). Values the
+    user set are shown as comments and left alone. Nothing marks the variables as nanopatch's:
+    in the shell they are the user's own, which a later ``python -m nanopatch`` keeps."""
+    lines = [
+        f"# nanopatch: CPU runtime for {p.threads} thread(s), OpenMP {p.openmp}, allocator {p.allocator or 'default'}"
+    ]
+    changes = p.changes()
+    for s in p.settings:
+        if s.name in changes:
+            lines.append(f"export {s.name}={shlex.quote(changes[s.name])}  # {s.reason}")
+        elif s.kept is not None:
+            lines.append(f"# {s.name}={shlex.quote(s.kept)}: {s.reason}")
+        else:
+            lines.append(f"# {s.name} not set: {s.reason}")
+    if any(name in changes for name in PIN_VARIABLES):
+        lines.append(
+            "# every OpenMP program started from this shell now pins its threads to these cores: run several "
+            "at once with --no-pin-threads, or with python -m nanopatch --nproc"
+        )
     return "\n".join(lines)
 
 

@@ -29,6 +29,8 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_CPUS",
         "NANOPATCH_RUNTIME_TUNED",
         "NANOPATCH_REPORT",
+        "NANOPATCH_THREADS",
+        "NANOPATCH_SHARED",
     }
     env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]

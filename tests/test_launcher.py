@@ -7,6 +7,7 @@ import argparse
 import itertools
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -119,6 +120,36 @@ def test_no_pin_threads_leaves_every_thread_to_the_scheduler(tmp_path):
     assert seen["main"] == seen["after"] == allowed
     assert len(seen["thread_cpus"]) >= min(cores, 2) and all(cpus == allowed for cpus in seen["thread_cpus"])
     assert seen["fork"] == allowed and seen["spawn"] == allowed
+
+
+def test_init_prints_exports_that_set_a_shell_up_as_the_runner_would(tmp_path):
+    script = tmp_path / "aff.py"
+    script.write_text(AFFINITY)
+    env = child_env({})
+    for name in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "LD_PRELOAD", "MALLOC_CONF"):
+        env.pop(name, None)
+    shell = f'eval "$({sys.executable} -m nanopatch --init)" && exec {sys.executable} aff.py'
+    proc = subprocess.run(["sh", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    seen = result(proc)
+    first_cpus = [core[0] for core in cpu.host_facts().cores]
+    assert seen["env"]["OMP_NUM_THREADS"] == str(len(first_cpus)) and seen["threads"] == len(first_cpus)
+    assert seen["env"]["GOMP_CPU_AFFINITY"] == ",".join(map(str, first_cpus)) and seen["after"] == first_cpus[:1]
+    tcmalloc = runtime.find_allocator("tcmalloc")
+    assert seen["tcmalloc"] == (tcmalloc is not None)
+    # a value already set is kept, and said so
+    kept = subprocess.run(
+        [sys.executable, "-m", "nanopatch", "--init", "--no-pin-threads"],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert kept.returncode == 0, kept.stderr
+    assert "# OMP_NUM_THREADS=1: set by you" in kept.stdout and "export OMP_NUM_THREADS" not in kept.stdout
+    assert "GOMP_CPU_AFFINITY=" not in kept.stdout
+    for wrong in (["--init", "train.py"], ["--init", "--nproc", "2"], ["--init", "--no-tune"]):
+        bad = subprocess.run([sys.executable, "-m", "nanopatch", *wrong], env=env, capture_output=True, text=True)
+        assert bad.returncode == 2 and "--init takes no script" in bad.stderr
 
 
 def test_values_the_user_set_are_kept(tmp_path):

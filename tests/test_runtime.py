@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -390,3 +391,19 @@ def test_spawned_siblings_are_counted_from_proc(tmp_path):
     (listed / "10" / "task" / "77" / "children").write_text("12")  # started by another thread
     assert runtime.spawned_children(10, str(listed)) == 2
     assert runtime.is_spawned(["-c", "--multiprocessing-fork"]) and not runtime.is_spawned(["train.py"])
+
+
+def test_shell_exports_quote_values_and_show_what_is_kept(tmp_path):
+    env = {"LD_PRELOAD": "/opt/my lib.so", "OMP_NUM_THREADS": "3"}
+    p = runtime.plan(facts(tmp_path), env, "gnu", finder=lambda name: "/usr/lib/libtcmalloc_minimal.so.4")
+    text = runtime.shell_exports(p)
+    assert "export LD_PRELOAD='/opt/my lib.so:/usr/lib/libtcmalloc_minimal.so.4'  # " in text
+    assert "export GOMP_CPU_AFFINITY=0,1  # " in text
+    assert "# OMP_NUM_THREADS=3: set by you" in text and "export OMP_NUM_THREADS" not in text
+    assert "NANOPATCH_" not in text  # in a shell the values are the user's own
+    out = subprocess.run(
+        ["sh", "-c", text + '\nprintf "%s|%s" "$LD_PRELOAD" "$GOMP_CPU_AFFINITY"'], capture_output=True, text=True
+    )
+    assert out.stdout == "/opt/my lib.so:/usr/lib/libtcmalloc_minimal.so.4|0,1"
+    unpinned = runtime.shell_exports(runtime.plan(facts(tmp_path), {}, "gnu", finder=no_allocator, pin=False))
+    assert "export GOMP_CPU_AFFINITY" not in unpinned and "pins its threads" not in unpinned
