@@ -1,0 +1,356 @@
+"""BigDL-Nano's ``Trainer`` on Lightning: ``from nanopatch.lightning import Trainer``.
+
+A subclass of Lightning's own ``Trainer`` that also takes BigDL-Nano's switches, with their
+meaning and defaults:
+
+* ``num_processes=1``: train on N processes of this machine with Lightning's DDP over gloo
+  (Lightning starts the other ranks by running the script again). Each process is pinned to
+  its share of the physical cores (the runner's split, or ``cpu_for_each_process``) with as
+  many threads as it has cores.
+* ``cpu_for_each_process=None``: a list of N CPU lists, one per process.
+* ``use_ipex=False``: ``ipex.optimize`` on the model and optimizer (nanopatch's training
+  engine; with ``precision='bf16'`` IPEX's bf16 path).
+* ``precision``: Lightning's values, and ``'bf16'`` (Lightning's ``'bf16-mixed'``).
+* ``channels_last=False``: channels-last weights and inputs (nanopatch's training engine).
+* ``auto_lr=True``: with N processes, the learning rate each optimizer step uses is warmed up
+  linearly from the configured one to N times it over the first epoch, and stays N times it
+  after; schedulers keep seeing (and setting) the configured one.
+
+Which Lightning: ``lightning.pytorch`` when it is importable, else ``pytorch_lightning``; when
+a script has imported ``pytorch_lightning`` and not ``lightning``, that one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import _patching, cpu, runtime
+from ._log import warn_once
+
+logger = logging.getLogger("nanopatch")
+
+#: BigDL-Nano's switches and their defaults
+NANO_DEFAULTS: dict[str, Any] = {
+    "num_processes": 1,
+    "cpu_for_each_process": None,
+    "use_ipex": False,
+    "channels_last": False,
+    "auto_lr": True,
+}
+
+
+def lightning_package() -> str:
+    """``"lightning.pytorch"`` or ``"pytorch_lightning"``: the one the script uses."""
+    if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules:
+        return "pytorch_lightning"
+    try:
+        importlib.import_module("lightning.pytorch")
+        return "lightning.pytorch"
+    except ImportError:
+        pass
+    try:
+        importlib.import_module("pytorch_lightning")
+        return "pytorch_lightning"
+    except ImportError:
+        raise ImportError(
+            "nanopatch.lightning needs Lightning: pip install lightning (or nanopatch[lightning])"
+        ) from None
+
+
+# --- the switches ------------------------------------------------------------------------------
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def check_switches(
+    num_processes: Any,
+    cpu_for_each_process: Any,
+    use_ipex: Any,
+    channels_last: Any,
+    auto_lr: Any,
+    facts: cpu.CpuFacts | None = None,
+) -> list[tuple[int, ...]] | None:
+    """Validate BigDL-Nano's switches (``ValueError`` naming the keyword); returns the CPU set of
+    each process when there are several."""
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a whole number >= 1, not {num_processes!r}")
+    for name, value in (("use_ipex", use_ipex), ("channels_last", channels_last), ("auto_lr", auto_lr)):
+        _flag(name, value)
+    facts = cpu.host_facts() if facts is None else facts
+    if cpu_for_each_process is None:
+        if num_processes == 1:
+            return None
+        try:
+            return runtime.process_cpus(facts, num_processes)
+        except ValueError as exc:
+            raise ValueError(f"num_processes={num_processes}: {exc}") from None
+    if isinstance(cpu_for_each_process, (str, bytes)) or not isinstance(cpu_for_each_process, Sequence):
+        raise ValueError(f"cpu_for_each_process must be a list of CPU lists, not {cpu_for_each_process!r}")
+    groups = []
+    for group in cpu_for_each_process:
+        if (
+            isinstance(group, (str, bytes))
+            or not isinstance(group, Sequence)
+            or not group
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in group)
+        ):
+            raise ValueError(f"cpu_for_each_process: {group!r} is not a non-empty list of CPU numbers")
+        groups.append(tuple(group))
+    if len(groups) != num_processes:
+        raise ValueError(f"cpu_for_each_process gives {len(groups)} CPU list(s) but num_processes is {num_processes}")
+    text = ";".join(runtime.cpu_list_text(g) for g in groups)
+    try:
+        runtime.process_cpus(facts, num_processes, cpus=text)
+    except ValueError as exc:
+        raise ValueError(f"cpu_for_each_process: {str(exc).removeprefix('--cpus: ')}") from None
+    return groups
+
+
+def lightning_precision(precision: Any, use_ipex: bool) -> tuple[Any, bool]:
+    """(the precision Lightning gets, whether nanopatch's engine computes in bf16)."""
+    if precision not in ("bf16", "bf16-mixed"):
+        return precision, False
+    facts = cpu.host_facts()
+    if not facts.native_bf16:
+        warn_once(
+            "trainer-bf16",
+            f"precision={precision!r}: {facts.bf16_reason}; training runs in fp32 (BigDL-Nano's fallback)",
+        )
+        return "32-true", False
+    if use_ipex:
+        return "32-true", True  # IPEX's bf16 path: nanopatch's autocast with ipex.optimize(dtype=bf16)
+    return "bf16-mixed", False
+
+
+# --- per-process pinning ------------------------------------------------------------------------
+
+
+class _Pinning:
+    """Pin this process (every thread) to its CPU set and set its threads; undo on ``release``."""
+
+    def __init__(self, cpus: Sequence[int], saved: tuple[set[int], int] | None = None) -> None:
+        self.cpus = tuple(cpus)
+        self._saved = saved
+
+    def apply(self) -> None:
+        import torch
+
+        from .launch import pin_every_thread
+
+        if self._saved is None:
+            self._saved = (os.sched_getaffinity(0), torch.get_num_threads())
+        pin_every_thread(set(self.cpus))
+        facts = cpu.host_facts()
+        cores = {core for core in facts.cores if set(core) & set(self.cpus)} or {(c,) for c in self.cpus}
+        torch.set_num_threads(len(cores))
+        logger.info("rank %s: CPUs %s, %d thread(s)", os.environ.get("LOCAL_RANK", "0"), self.cpus, len(cores))
+
+    def release(self) -> None:
+        if self._saved is None:
+            return
+        import torch
+
+        from .launch import pin_every_thread
+
+        affinity, threads = self._saved
+        self._saved = None
+        pin_every_thread(affinity)
+        torch.set_num_threads(threads)
+
+
+# --- the learning-rate warm-up ---------------------------------------------------------------------
+
+
+class LrWarmup:
+    """Each optimizer step of the first epoch uses ``lr x f`` with ``f`` rising linearly from 1
+    to ``n`` over the epoch's steps, and ``lr x n`` after; the group's ``lr`` is put back after
+    the step, so schedulers see and set the configured value."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.steps_per_epoch = 1
+        self.step = 0
+        self._handles: list[Any] = []
+        self._saved: dict[int, list[float]] = {}
+
+    def factor(self) -> float:
+        return 1.0 + (self.n - 1) * min(1.0, self.step / max(1, self.steps_per_epoch))
+
+    def attach(self, optimizers: Sequence[Any], steps_per_epoch: int) -> None:
+        self.steps_per_epoch = max(1, steps_per_epoch)
+        for optimizer in optimizers:
+            self._handles.append(optimizer.register_step_pre_hook(self._pre))
+            self._handles.append(optimizer.register_step_post_hook(self._post))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        f = self.factor()
+        self._saved[id(optimizer)] = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * f
+
+    def _post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        saved = self._saved.pop(id(optimizer), None)
+        if saved is not None:
+            for group, lr in zip(optimizer.param_groups, saved, strict=False):
+                group["lr"] = lr
+        self.step += 1
+
+
+# --- the Trainer --------------------------------------------------------------------------------
+
+_classes: dict[str, type] = {}
+
+
+def trainer_class(package: str | None = None) -> type:
+    """nanopatch's Trainer for ``package`` (default: :func:`lightning_package`)."""
+    package = lightning_package() if package is None else package
+    if package not in _classes:
+        _classes[package] = _build(package)
+    return _classes[package]
+
+
+def _build(package: str) -> type:
+    pl = importlib.import_module(package)
+    strategies = importlib.import_module(f"{package}.strategies")
+
+    class PinnedDDPStrategy(strategies.DDPStrategy):
+        """Lightning's DDP over gloo, each process pinned to its CPU set before it trains."""
+
+        def __init__(self, groups: Sequence[Sequence[int]], **kwargs: Any) -> None:
+            super().__init__(process_group_backend="gloo", **kwargs)
+            self._groups = [tuple(g) for g in groups]
+            self._pinning: _Pinning | None = None
+            self.before_fit: tuple[set[int], int] | None = None  # set by the Trainer as a run starts
+
+        def setup_environment(self) -> None:
+            self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
+            self._pinning.apply()
+            super().setup_environment()
+
+        def teardown(self) -> None:
+            super().teardown()
+            if self._pinning is not None:
+                self._pinning.release()  # the script's own process gets its CPUs back
+
+    class WarmupCallback(pl.Callback):
+        def __init__(self, n: int) -> None:
+            self.warmup = LrWarmup(n)
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            batches = trainer.num_training_batches
+            accumulate = max(1, getattr(trainer, "accumulate_grad_batches", 1))
+            steps = -(-int(batches) // accumulate) if batches not in (None, float("inf")) else 1
+            self.warmup.attach([getattr(o, "_optimizer", o) for o in trainer.optimizers], steps)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.warmup.detach()
+
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            self.warmup.detach()
+
+    class Trainer(pl.Trainer):
+        def __init__(
+            self,
+            *args: Any,
+            num_processes: int = 1,
+            cpu_for_each_process: Sequence[Sequence[int]] | None = None,
+            use_ipex: bool = False,
+            channels_last: bool = False,
+            auto_lr: bool = True,
+            **kwargs: Any,
+        ) -> None:
+            groups = check_switches(num_processes, cpu_for_each_process, use_ipex, channels_last, auto_lr)
+            precision, engine_bf16 = lightning_precision(kwargs.pop("precision", "32-true"), use_ipex)
+            kwargs["precision"] = precision
+            if groups is not None:
+                for name in ("strategy", "devices", "num_nodes"):
+                    if name in kwargs:
+                        raise ValueError(f"num_processes={num_processes} chooses {name}; leave {name} out")
+                accelerator = kwargs.setdefault("accelerator", "cpu")
+                if accelerator != "cpu":
+                    raise ValueError(
+                        f"num_processes={num_processes} trains on the CPU, not accelerator={accelerator!r}"
+                    )
+                kwargs["strategy"] = PinnedDDPStrategy(groups)
+                kwargs["devices"] = num_processes
+                if auto_lr:
+                    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), WarmupCallback(num_processes)]
+            self.nano = {
+                "num_processes": num_processes,
+                "cpu_for_each_process": groups,
+                "use_ipex": use_ipex,
+                "channels_last": channels_last,
+                "auto_lr": auto_lr,
+            }
+            self._engine = None
+            if use_ipex or channels_last or engine_bf16:
+                self._engine = {
+                    "training": True,
+                    "vision": False,
+                    "bf16": engine_bf16,
+                    "channels_last": channels_last,
+                    "ipex": use_ipex,
+                    "compile": False,
+                    "data_parallel": False,
+                    "auto_lr": False,
+                }
+            super().__init__(*args, **kwargs)
+
+        @contextlib.contextmanager
+        def _accelerated(self) -> Iterator[None]:
+            if isinstance(self.strategy, PinnedDDPStrategy):
+                import torch
+
+                # what the script's process goes back to (Lightning's launcher sets threads before we pin)
+                self.strategy.before_fit = (os.sched_getaffinity(0), torch.get_num_threads())
+            if self._engine is None:
+                yield
+                return
+            with _patching.patched(**self._engine):
+                yield
+
+    for name in ("fit", "validate", "test", "predict"):
+        setattr(Trainer, name, _accelerating(getattr(pl.Trainer, name)))
+    Trainer.__doc__ = __doc__
+    Trainer.__module__ = __name__
+    Trainer.__qualname__ = "Trainer"
+    return Trainer
+
+
+def _accelerating(run: Any) -> Any:
+    """Lightning's ``fit``/``validate``/``test``/``predict``, run with the Trainer's acceleration on."""
+
+    @functools.wraps(run)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._accelerated():
+            return run(self, *args, **kwargs)
+
+    return method
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":
+        return trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

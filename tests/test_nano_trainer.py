@@ -1,0 +1,200 @@
+"""``nanopatch.lightning.Trainer``: BigDL-Nano's switches on real Lightning.
+
+The end-to-end tests run tests/data/nano_trainer.py (a LightningModule wrapping a torchvision
+ResNet-18, ``self.model(x)`` in ``training_step``) as a script, as a BigDL-Nano user runs it;
+Lightning starts the second rank by running the script again."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from test_frameworks import framework
+
+from nanopatch import NanopatchWarning, _log, cpu, runtime
+from nanopatch import lightning as nano_lightning
+
+from conftest import TESTS_DIR, child_env, run_python
+
+SCRIPT = str(TESTS_DIR / "data" / "nano_trainer.py")
+NATIVE_BF16 = cpu.host_facts().native_bf16
+TWO_CORES = len(cpu.host_facts().cores) >= 2
+
+
+def switches(**changed):
+    base = {"num_processes": 1, "cpu_for_each_process": None, "use_ipex": False, "channels_last": False}
+    return nano_lightning.check_switches(**{**base, "auto_lr": True, **changed})
+
+
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        ({"num_processes": 0}, "num_processes must be a whole number >= 1"),
+        ({"num_processes": "2"}, "num_processes must be a whole number >= 1"),
+        ({"num_processes": True}, "num_processes must be a whole number >= 1"),
+        ({"num_processes": 4096}, "num_processes=4096: "),
+        ({"use_ipex": "yes"}, "use_ipex must be True or False"),
+        ({"channels_last": 1}, "channels_last must be True or False"),
+        ({"auto_lr": None}, "auto_lr must be True or False"),
+        ({"num_processes": 2, "cpu_for_each_process": "0,1"}, "cpu_for_each_process must be a list of CPU lists"),
+        ({"num_processes": 2, "cpu_for_each_process": [[0]]}, "gives 1 CPU list(s) but num_processes is 2"),
+        ({"num_processes": 2, "cpu_for_each_process": [[0], []]}, "is not a non-empty list of CPU numbers"),
+        ({"num_processes": 2, "cpu_for_each_process": [[0], ["1"]]}, "is not a non-empty list of CPU numbers"),
+        ({"num_processes": 2, "cpu_for_each_process": [[0], [0]]}, "in more than one process's set"),
+        ({"num_processes": 2, "cpu_for_each_process": [[0], [100000]]}, "not in this process's affinity mask"),
+    ],
+)
+def test_a_bad_switch_raises_value_error_naming_it(changed, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        switches(**changed)
+
+
+def test_cpu_sets_default_to_the_runners_split_and_can_be_given():
+    assert switches() is None
+    if TWO_CORES:
+        facts = cpu.host_facts()
+        assert switches(num_processes=2) == runtime.process_cpus(facts, 2)
+        first, second = facts.cores[0][0], facts.cores[1][0]
+        assert switches(num_processes=2, cpu_for_each_process=[[second], [first]]) == [(second,), (first,)]
+
+
+def test_trainer_rejects_a_layout_beside_num_processes():
+    framework("lightning.pytorch")
+    Trainer = nano_lightning.trainer_class()
+    for name, value in (("strategy", "ddp"), ("devices", 2), ("num_nodes", 1)):
+        with pytest.raises(ValueError, match=f"num_processes=2 chooses {name}"):
+            Trainer(num_processes=2, **{name: value})
+    with pytest.raises(ValueError, match="num_processes"):
+        Trainer(num_processes=-1)
+    with pytest.raises(ValueError, match="trains on the CPU"):
+        Trainer(num_processes=2, accelerator="gpu")
+
+
+def test_import_nanopatch_imports_no_lightning():
+    proc = run_python(
+        ["-c", "import sys, nanopatch; print(sorted(m for m in sys.modules if 'lightning' in m))"],
+        env=child_env(),
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_bf16_without_native_support_falls_back_with_one_warning(monkeypatch):
+    facts = dataclasses.replace(cpu.host_facts(), native_bf16=False, bf16_reason="no avx512_bf16 or amx_bf16")
+    monkeypatch.setattr(nano_lightning.cpu, "host_facts", lambda: facts)
+    monkeypatch.setattr(_log, "_said", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert nano_lightning.lightning_precision("bf16", use_ipex=False) == ("32-true", False)
+        assert nano_lightning.lightning_precision("bf16", use_ipex=True) == ("32-true", False)
+    said = [w for w in caught if issubclass(w.category, NanopatchWarning)]
+    assert len(said) == 1 and "precision='bf16'" in str(said[0].message) and "fp32" in str(said[0].message)
+
+
+def test_precision_mapping_on_a_bf16_cpu(monkeypatch):
+    facts = dataclasses.replace(cpu.host_facts(), native_bf16=True)
+    monkeypatch.setattr(nano_lightning.cpu, "host_facts", lambda: facts)
+    assert nano_lightning.lightning_precision("bf16", use_ipex=False) == ("bf16-mixed", False)
+    assert nano_lightning.lightning_precision("bf16", use_ipex=True) == ("32-true", True)  # IPEX's bf16 path
+    assert nano_lightning.lightning_precision("32-true", use_ipex=True) == ("32-true", False)
+    assert nano_lightning.lightning_precision(32, use_ipex=False) == (32, False)
+
+
+def test_lr_warmup_scales_each_step_and_gives_the_scheduler_its_own_value():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    used = []
+    warmup = nano_lightning.LrWarmup(4)
+    warmup.attach([optimizer], steps_per_epoch=3)
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    for _ in range(5):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    # factor 1, 2, 3, then 4 after the first epoch's 3 steps; the scheduler halves its own value each step
+    assert used == pytest.approx([0.1 * 1, 0.05 * 2, 0.025 * 3, 0.0125 * 4, 0.00625 * 4])
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**5)
+    warmup.detach()
+    before = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    assert used[-1] == before  # detached: no scaling
+
+
+def run_script(tmp_path, *args):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_python([SCRIPT, str(out), *args], cwd=tmp_path, env=child_env(), timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    reports = {}
+    for name in os.listdir(out):
+        if name.startswith("rank") and name.endswith(".json"):
+            report = json.loads((out / name).read_text())
+            report["weights"] = torch.load(out / name.replace(".json", ".pt"))
+            reports[report["rank"]] = report
+    return out, reports
+
+
+def assert_accelerated(report):
+    assert set(report["dtypes"]) == ({"torch.bfloat16"} if NATIVE_BF16 else {"torch.float32"}), report["dtypes"]
+    assert set(report["channels_last"]) == {True}
+
+
+def assert_loads_into_a_stock_model(checkpoint, weights):
+    import torchvision
+
+    state = torch.load(checkpoint, weights_only=False)["state_dict"]
+    stock = torchvision.models.resnet18(num_classes=4)
+    stock.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    x = torch.randn(2, 3, 32, 32)
+    trained = torchvision.models.resnet18(num_classes=4)
+    trained.load_state_dict(weights)
+    stock.eval()
+    trained.eval()
+    assert torch.equal(stock(x), trained(x))
+
+
+def test_one_process_bf16_and_channels_last_inside_the_model(tmp_path):
+    framework("lightning.pytorch")
+    out, reports = run_script(tmp_path, "--precision", "bf16", "--channels-last")
+    assert list(reports) == [0]
+    assert_accelerated(reports[0])
+    assert reports[0]["world"] == 1 and set(reports[0]["step_lrs"]) == {0.01}  # no warm-up for one process
+    (checkpoint,) = (out / "ckpt").iterdir()
+    assert_loads_into_a_stock_model(checkpoint, reports[0]["weights"])
+
+
+def test_plain_trainer_changes_nothing(tmp_path):
+    framework("lightning.pytorch")
+    _, reports = run_script(tmp_path)
+    assert set(reports[0]["dtypes"]) == {"torch.float32"} and set(reports[0]["channels_last"]) == {False}
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="two processes need two physical cores")
+@pytest.mark.parametrize("auto_lr", [True, False], ids=["auto_lr", "no_auto_lr"])
+def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
+    framework("lightning.pytorch")
+    args = ["--num-processes", "2", "--precision", "bf16", "--channels-last"]
+    out, reports = run_script(tmp_path, *args, *([] if auto_lr else ["--no-auto-lr"]))
+    assert sorted(reports) == [0, 1] and {r["world"] for r in reports.values()} == {2}
+    assert reports[0]["pid"] != reports[1]["pid"]
+    groups = runtime.process_cpus(cpu.host_facts(), 2)
+    allowed = sorted(os.sched_getaffinity(0))
+    for rank, report in reports.items():
+        assert_accelerated(report)
+        assert report["affinity"] == sorted(groups[rank]) and report["threads"] == 1
+        assert report["after_fit"]["affinity"] == allowed  # the process gets its CPUs back after fit
+    # every parameter identical on both ranks (BatchNorm's running statistics are each rank's own,
+    # as in any DDP run)
+    params = [k for k in reports[0]["weights"] if "running_" not in k and "num_batches" not in k]
+    for key in params:
+        assert torch.equal(reports[0]["weights"][key], reports[1]["weights"][key]), key
+    # 4 batches of 8 over 2 ranks: 2 steps per epoch, 2 epochs
+    expected = [0.01, 0.015, 0.02, 0.02] if auto_lr else [0.01] * 4
+    for report in reports.values():
+        assert report["step_lrs"] == pytest.approx(expected)
+    (checkpoint,) = (out / "ckpt").iterdir()  # one checkpoint, from rank 0
+    assert_loads_into_a_stock_model(checkpoint, reports[0]["weights"])
