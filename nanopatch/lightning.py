@@ -325,12 +325,113 @@ def _build(package: str) -> type:
             with _patching.patched(**self._engine):
                 yield
 
+        @staticmethod
+        def compile(model: Any, loss: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:
+            """A ``LightningModule`` that trains ``model`` with ``loss`` and ``optimizer`` (an
+            optimizer, or a function of the parameters that builds one) and an optional
+            ``scheduler`` (a scheduler, a function of the optimizer that builds one, or
+            Lightning's scheduler dict); see :func:`compiled_module`."""
+            return compiled_module(pl, model, loss, optimizer, scheduler)
+
     for name in ("fit", "validate", "test", "predict"):
         setattr(Trainer, name, _accelerating(getattr(pl.Trainer, name)))
     Trainer.__doc__ = __doc__
     Trainer.__module__ = __name__
     Trainer.__qualname__ = "Trainer"
     return Trainer
+
+
+# --- Trainer.compile ------------------------------------------------------------------------------
+
+
+def split_batch(batch: Any) -> tuple[tuple[Any, ...], Any]:
+    """``(x, y)`` or ``(x1, x2, ..., y)``: the inputs and the target."""
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ValueError(
+            "Trainer.compile: a batch must be (x, y) or (x1, ..., xn, y), not "
+            f"{type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}"
+        )
+    return tuple(batch[:-1]), batch[-1]
+
+
+def compiled_module(pl: Any, model: Any, loss: Any, optimizer: Any, scheduler: Any) -> Any:
+    """``Trainer.compile``: ``model`` (a plain ``nn.Module``) trained with ``loss(model(*x), y)``
+    on batches ``(x, y)`` or ``(x1, ..., xn, y)``; validation and test log ``val_loss`` /
+    ``test_loss``; ``predict`` returns ``model(*x)`` (a batch that is a tensor alone is ``x``).
+    Its ``state_dict`` (and so every checkpoint's) is the plain module's, with its own keys. A
+    ``LightningModule`` is returned as it is, when nothing else is given."""
+    import torch
+
+    if isinstance(model, pl.LightningModule):
+        if loss is not None or optimizer is not None or scheduler is not None:
+            raise ValueError("Trainer.compile: a LightningModule brings its own loss, optimizer and scheduler")
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"Trainer.compile: model must be a torch.nn.Module, not {type(model).__name__}")
+    if loss is not None and not callable(loss):
+        raise ValueError(f"Trainer.compile: loss must be callable (an nn.Module or a function), not {loss!r}")
+    if optimizer is not None and not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
+        raise ValueError(
+            f"Trainer.compile: optimizer must be an optimizer or a function of the parameters, not {optimizer!r}"
+        )
+    if scheduler is not None and optimizer is None:
+        raise ValueError("Trainer.compile: a scheduler needs an optimizer")
+
+    class CompiledModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self._loss = loss
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.model(*args, **kwargs)
+
+        def _loss_of(self, batch: Any, name: str) -> Any:
+            if self._loss is None:
+                raise ValueError(f"Trainer.compile got no loss: give loss=... to {name}")
+            inputs, target = split_batch(batch)
+            return self._loss(self.model(*inputs), target)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            value = self._loss_of(batch, "train")
+            self.log("train_loss", value, prog_bar=True)
+            return value
+
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            value = self._loss_of(batch, "validate")
+            self.log("val_loss", value, prog_bar=True, sync_dist=True)
+            return value
+
+        def test_step(self, batch: Any, batch_idx: int) -> Any:
+            value = self._loss_of(batch, "test")
+            self.log("test_loss", value, sync_dist=True)
+            return value
+
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            if isinstance(batch, torch.Tensor):
+                return self.model(batch)
+            inputs, _ = split_batch(batch) if len(batch) > 1 else ((batch[0],), None)
+            return self.model(*inputs)
+
+        def configure_optimizers(self) -> Any:
+            if optimizer is None:
+                raise ValueError("Trainer.compile got no optimizer: give optimizer=... to train")
+            opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(self.model.parameters())
+            if scheduler is None:
+                return opt
+            if isinstance(scheduler, dict):
+                return {"optimizer": opt, "lr_scheduler": scheduler}
+            sched = scheduler if hasattr(scheduler, "step") and hasattr(scheduler, "optimizer") else scheduler(opt)
+            return {"optimizer": opt, "lr_scheduler": sched}
+
+        def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+            return self.model.state_dict(*args, **kwargs)
+
+        def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+            return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    CompiledModule.__qualname__ = f"Compiled{type(model).__name__}"
+    return CompiledModule()
 
 
 def _accelerating(run: Any) -> Any:

@@ -198,3 +198,169 @@ def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
         assert report["step_lrs"] == pytest.approx(expected)
     (checkpoint,) = (out / "ckpt").iterdir()  # one checkpoint, from rank 0
     assert_loads_into_a_stock_model(checkpoint, reports[0]["weights"])
+
+
+# --- Trainer.compile -------------------------------------------------------------------------------
+
+
+def quiet_trainer(tmp_path, **kwargs):
+    Trainer = nano_lightning.trainer_class()
+    options = {
+        "max_epochs": 3,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "default_root_dir": str(tmp_path),
+        "enable_checkpointing": False,
+    }
+    return Trainer(**{**options, **kwargs})
+
+
+def blobs(n=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=generator)
+    x = torch.randn(n, 4, generator=generator) + 2.0 * y[:, None]
+    return x, y
+
+
+def loader(*tensors, batch_size=16):
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*tensors), batch_size=batch_size)
+
+
+def test_compile_trains_validates_tests_and_predicts_a_plain_module(tmp_path):
+    framework("lightning.pytorch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x, y = blobs()
+    module = nano_lightning.trainer_class().compile(
+        model, torch.nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    trainer = quiet_trainer(tmp_path)
+    before = trainer.validate(module, loader(x, y))[0]["val_loss"]
+    trainer.fit(module, loader(x, y), loader(x, y))
+    after = trainer.validate(module, loader(x, y))[0]["val_loss"]
+    assert after < 0.7 * before
+    assert trainer.test(module, loader(x, y))[0]["test_loss"] == pytest.approx(after, rel=1e-5)
+    with torch.no_grad():
+        expected = model(x)
+    predicted = torch.cat(trainer.predict(module, loader(x, y)))  # (x, y) batches: the target is left out
+    assert torch.allclose(predicted, expected, atol=1e-6)
+    assert torch.allclose(torch.cat(trainer.predict(module, loader(x))), expected, atol=1e-6)  # (x,) batches
+
+
+def test_compile_with_factories_a_scheduler_and_two_inputs(tmp_path):
+    framework("lightning.pytorch")
+    torch.manual_seed(0)
+
+    class TwoInputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+
+        def forward(self, x1, x2):
+            return self.a(x1) + self.b(x2)
+
+    model = TwoInputs()
+    x, y = blobs()
+    module = nano_lightning.trainer_class().compile(
+        model,
+        torch.nn.functional.cross_entropy,
+        lambda params: torch.optim.Adam(params, lr=0.05),
+        lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
+    )
+    trainer = quiet_trainer(tmp_path)
+    trainer.fit(module, loader(x, x * 0.5, y))
+    (optimizer,) = trainer.optimizers
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**3)
+    assert trainer.validate(module, loader(x, x * 0.5, y))[0]["val_loss"] < 0.5
+
+
+def test_compiled_checkpoints_hold_the_plain_modules_state_dict(tmp_path):
+    framework("lightning.pytorch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    x, y = blobs()
+    Trainer = nano_lightning.trainer_class()
+    module = Trainer.compile(model, torch.nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.1))
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(module, loader(x, y))
+    path = tmp_path / "one.ckpt"
+    trainer.save_checkpoint(path)
+    state = torch.load(path, weights_only=False)["state_dict"]
+    assert list(state) == list(model.state_dict())  # the plain module's own keys
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    fresh.load_state_dict(state)
+    fresh.eval()
+    model.eval()
+    assert torch.equal(fresh(x), model(x))
+    # and Lightning resumes from it
+    fresh.train()
+    again = Trainer.compile(fresh, torch.nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.1))
+    resumed = quiet_trainer(tmp_path, max_epochs=2)
+    resumed.fit(again, loader(x, y), ckpt_path=str(path))
+    assert resumed.current_epoch == 2
+
+
+def test_compile_rejects_what_it_cannot_train(tmp_path):
+    pl = framework("lightning.pytorch")
+    Trainer = nano_lightning.trainer_class()
+    model = torch.nn.Linear(4, 2)
+
+    class Own(pl.LightningModule):
+        pass
+
+    own = Own()
+    assert Trainer.compile(own) is own
+    with pytest.raises(ValueError, match="brings its own loss"):
+        Trainer.compile(own, torch.nn.MSELoss())
+    with pytest.raises(ValueError, match=r"must be a torch\.nn\.Module"):
+        Trainer.compile(lambda x: x)
+    with pytest.raises(ValueError, match="loss must be callable"):
+        Trainer.compile(model, "mse")
+    with pytest.raises(ValueError, match="optimizer must be an optimizer"):
+        Trainer.compile(model, torch.nn.MSELoss(), "sgd")
+    with pytest.raises(ValueError, match="a scheduler needs an optimizer"):
+        Trainer.compile(model, torch.nn.MSELoss(), None, lambda o: None)
+    x, y = blobs()
+    with pytest.raises(ValueError, match="got no loss"):
+        quiet_trainer(tmp_path).fit(
+            Trainer.compile(model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1)), loader(x, y)
+        )
+    with pytest.raises(ValueError, match="got no optimizer"):
+        quiet_trainer(tmp_path).fit(Trainer.compile(model, torch.nn.functional.cross_entropy), loader(x, y))
+    with pytest.raises(ValueError, match=r"a batch must be \(x, y\)"):
+        quiet_trainer(tmp_path).fit(
+            Trainer.compile(model, torch.nn.functional.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.1)), loader(x)
+        )
+
+
+def test_compiled_cnn_trains_in_bf16_and_channels_last(tmp_path):
+    framework("lightning.pytorch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 2),
+    )
+    seen = []
+    model[0].register_forward_hook(
+        lambda m, inputs, out: (
+            seen.append((out.dtype, inputs[0].is_contiguous(memory_format=torch.channels_last))) if m.training else None
+        )
+    )
+    x, y = torch.randn(32, 3, 16, 16), torch.randint(0, 2, (32,))
+    module = nano_lightning.trainer_class().compile(
+        model, torch.nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.1)
+    )
+    trainer = quiet_trainer(tmp_path, max_epochs=1, precision="bf16", channels_last=True)
+    trainer.fit(module, loader(x, y, batch_size=8))
+    assert set(seen) == {(torch.bfloat16 if NATIVE_BF16 else torch.float32, True)}
+    assert not nanopatch_is_patched()  # the engine is on during fit only
+
+
+def nanopatch_is_patched():
+    import nanopatch
+
+    return nanopatch.is_patched()
