@@ -15,11 +15,22 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NanopatchWarning",
+    "TorchNano",
     "__version__",
     "is_patched",
+    "nano",
     "patch_torch",
     "patched",
     "status",
     "unpatch_torch",
     "unpatched",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # BigDL-Nano's custom-loop APIs, imported on first use (``import nanopatch`` stays cheap)
+    if name in ("TorchNano", "nano"):
+        from . import torch_nano
+
+        return getattr(torch_nano, name)
+    raise AttributeError(f"module 'nanopatch' has no attribute {name!r}")

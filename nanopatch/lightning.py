@@ -13,7 +13,7 @@ meaning and defaults:
 * ``precision``: Lightning's values, and ``'bf16'`` (Lightning's ``'bf16-mixed'``).
 * ``channels_last=False``: channels-last weights and inputs (nanopatch's training engine).
 * ``auto_lr=True``: with N processes, the learning rate each optimizer step uses is warmed up
-  linearly from the configured one to N times it over the first epoch, and stays N times it
+  linearly to N times the configured one over the first epoch, and stays N times it
   after; schedulers keep seeing (and setting) the configured one.
 
 Which Lightning: ``lightning.pytorch`` when it is importable, else ``pytorch_lightning``; when
@@ -133,6 +133,23 @@ def lightning_precision(precision: Any, use_ipex: bool) -> tuple[Any, bool]:
     return "bf16-mixed", False
 
 
+def engine_options(bf16: bool, channels_last: bool, ipex: bool) -> dict[str, Any] | None:
+    """The options of nanopatch's training engine for these switches (None: nothing to do).
+    Only training: the script's data pipeline is left as it is."""
+    if not (bf16 or channels_last or ipex):
+        return None
+    return {
+        "training": True,
+        "vision": False,
+        "bf16": bf16,
+        "channels_last": channels_last,
+        "ipex": ipex,
+        "compile": False,
+        "data_parallel": False,
+        "auto_lr": False,
+    }
+
+
 # --- per-process pinning ------------------------------------------------------------------------
 
 
@@ -173,8 +190,8 @@ class _Pinning:
 
 
 class LrWarmup:
-    """Each optimizer step of the first epoch uses ``lr x f`` with ``f`` rising linearly from 1
-    to ``n`` over the epoch's steps, and ``lr x n`` after; the group's ``lr`` is put back after
+    """Each optimizer step of the first epoch uses ``lr x f`` with ``f`` rising linearly to ``n``
+    over the epoch's steps (as ``--nproc``'s auto_lr does), and ``lr x n`` after; the group's ``lr`` is put back after
     the step, so schedulers see and set the configured value."""
 
     def __init__(self, n: int) -> None:
@@ -185,7 +202,9 @@ class LrWarmup:
         self._saved: dict[int, list[float]] = {}
 
     def factor(self) -> float:
-        return 1.0 + (self.n - 1) * min(1.0, self.step / max(1, self.steps_per_epoch))
+        from .distributed import lr_factor  # the same warm-up as --nproc's auto_lr
+
+        return lr_factor(self.step, self.n, self.steps_per_epoch)
 
     def attach(self, optimizers: Sequence[Any], steps_per_epoch: int) -> None:
         self.steps_per_epoch = max(1, steps_per_epoch)
@@ -298,18 +317,7 @@ def _build(package: str) -> type:
                 "channels_last": channels_last,
                 "auto_lr": auto_lr,
             }
-            self._engine = None
-            if use_ipex or channels_last or engine_bf16:
-                self._engine = {
-                    "training": True,
-                    "vision": False,
-                    "bf16": engine_bf16,
-                    "channels_last": channels_last,
-                    "ipex": use_ipex,
-                    "compile": False,
-                    "data_parallel": False,
-                    "auto_lr": False,
-                }
+            self._engine = engine_options(engine_bf16, channels_last, use_ipex)
             super().__init__(*args, **kwargs)
 
         @contextlib.contextmanager

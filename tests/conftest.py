@@ -117,3 +117,22 @@ def machine(monkeypatch):
         monkeypatch.delenv(config.env_name(name), raising=False)
     use("xeon_spr_2s_ht.cpuinfo")
     return use
+
+
+def run_rank_script(script: str, out: Path, *args: str, cwd: Path, timeout: float = 300) -> dict[int, dict]:
+    """Run ``script OUT args...``, which writes ``OUT/rank<N>.json`` (with a ``rank`` key) and
+    ``OUT/rank<N>.pt`` (weights) per training process: each report by rank, weights under
+    ``"weights"``. Fails with the script's output when it exits non-zero."""
+    import json
+
+    import torch
+
+    out.mkdir()
+    proc = run_python([script, str(out), *args], cwd=cwd, env=child_env(), timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    reports = {}
+    for path in sorted(out.glob("rank*.json")):
+        report = json.loads(path.read_text())
+        report["weights"] = torch.load(path.with_suffix(".pt"))
+        reports[report["rank"]] = report
+    return reports

@@ -7,7 +7,6 @@ Lightning starts the second rank by running the script again."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 
@@ -18,7 +17,7 @@ from test_frameworks import framework
 from nanopatch import NanopatchWarning, _log, cpu, runtime
 from nanopatch import lightning as nano_lightning
 
-from conftest import TESTS_DIR, child_env, run_python
+from conftest import TESTS_DIR, child_env, run_python, run_rank_script
 
 SCRIPT = str(TESTS_DIR / "data" / "nano_trainer.py")
 NATIVE_BF16 = cpu.host_facts().native_bf16
@@ -115,8 +114,9 @@ def test_lr_warmup_scales_each_step_and_gives_the_scheduler_its_own_value():
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
         scheduler.step()
-    # factor 1, 2, 3, then 4 after the first epoch's 3 steps; the scheduler halves its own value each step
-    assert used == pytest.approx([0.1 * 1, 0.05 * 2, 0.025 * 3, 0.0125 * 4, 0.00625 * 4])
+    # factor 2, 3, 4 over the first epoch's 3 steps (linear to 4, as --nproc's auto_lr), then 4; the
+    # scheduler halves its own value each step
+    assert used == pytest.approx([0.1 * 2, 0.05 * 3, 0.025 * 4, 0.0125 * 4, 0.00625 * 4])
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**5)
     warmup.detach()
     before = optimizer.param_groups[0]["lr"]
@@ -126,16 +126,7 @@ def test_lr_warmup_scales_each_step_and_gives_the_scheduler_its_own_value():
 
 def run_script(tmp_path, *args):
     out = tmp_path / "out"
-    out.mkdir()
-    proc = run_python([SCRIPT, str(out), *args], cwd=tmp_path, env=child_env(), timeout=300)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    reports = {}
-    for name in os.listdir(out):
-        if name.startswith("rank") and name.endswith(".json"):
-            report = json.loads((out / name).read_text())
-            report["weights"] = torch.load(out / name.replace(".json", ".pt"))
-            reports[report["rank"]] = report
-    return out, reports
+    return out, run_rank_script(SCRIPT, out, *args, cwd=tmp_path)
 
 
 def assert_accelerated(report):
@@ -193,7 +184,7 @@ def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
     for key in params:
         assert torch.equal(reports[0]["weights"][key], reports[1]["weights"][key]), key
     # 4 batches of 8 over 2 ranks: 2 steps per epoch, 2 epochs
-    expected = [0.01, 0.015, 0.02, 0.02] if auto_lr else [0.01] * 4
+    expected = [0.015, 0.02, 0.02, 0.02] if auto_lr else [0.01] * 4
     for report in reports.values():
         assert report["step_lrs"] == pytest.approx(expected)
     (checkpoint,) = (out / "ckpt").iterdir()  # one checkpoint, from rank 0

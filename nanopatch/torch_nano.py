@@ -1,0 +1,268 @@
+"""BigDL-Nano's custom-loop APIs: :class:`TorchNano` and :func:`nano`.
+
+``TorchNano``: subclass it, write ``train(self, ...)``, call ``self.setup(model, optimizer,
+*dataloaders)`` and ``self.backward(loss)`` inside; ``MyNano(num_processes=2, ...).train(...)``
+runs it. ``@nano(...)`` decorates a function that takes model, optimizer(s) and dataloader(s).
+
+Both run on Lightning Fabric (the maintained successor of the LightningLite that BigDL-Nano's
+TorchNano was built on) when Lightning is installed: ``num_processes=N`` starts N processes
+(spawned: the script needs its ``if __name__ == "__main__"`` guard, and what ``train`` gets
+must pickle), each pinned to its share of the physical cores, with Fabric's DDP over gloo,
+sharded loaders and averaged gradients; the return value is rank 0's. ``precision='bf16'`` is
+Fabric's bf16 autocast; ``channels_last`` and ``use_ipex`` (and bf16 with IPEX) are
+nanopatch's training engine, on while ``train`` runs. Without Lightning, one process runs on
+nanopatch's engine alone; several need Lightning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import io
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from . import _patching, cpu
+from ._log import warn_once
+from .lightning import LrWarmup, check_switches, engine_options
+
+logger = logging.getLogger("nanopatch")
+
+#: the precisions TorchNano and @nano take (BigDL-Nano's, and Lightning's names for them)
+PRECISIONS = ("32", "32-true", "bf16", "bf16-mixed")
+
+
+def fabric_available() -> bool:
+    return (
+        importlib.util.find_spec("lightning") is not None and importlib.util.find_spec("lightning.fabric") is not None
+    )
+
+
+def _precision(precision: Any, use_ipex: bool, fabric_autocast: bool = True) -> tuple[str, bool]:
+    """(Fabric's precision, whether nanopatch's engine computes in bf16). Without
+    ``fabric_autocast`` (``@nano``, whose function calls ``loss.backward()`` itself, which
+    Fabric's mixed precision refuses) bf16 is the engine's autocast."""
+    text = str(precision)
+    if text not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} (or 32), not {precision!r}")
+    if text not in ("bf16", "bf16-mixed"):
+        return "32-true", False
+    facts = cpu.host_facts()
+    if not facts.native_bf16:
+        warn_once("nano-bf16", f"precision={precision!r}: {facts.bf16_reason}; training runs in fp32")
+        return "32-true", False
+    if use_ipex or not fabric_autocast or not fabric_available():
+        return "32-true", True  # nanopatch's autocast (with IPEX: its bf16 path)
+    return "bf16-mixed", False
+
+
+class TorchNano:
+    """Subclass, write ``train(self, ...)``, and call ``MyNano(...).train(...)``."""
+
+    _fabric_autocast = True  # bf16 by Fabric's precision (train() calls self.backward)
+
+    def __init__(
+        self,
+        num_processes: int = 1,
+        use_ipex: bool = False,
+        precision: Any = "32",
+        channels_last: bool = False,
+        cpu_for_each_process: Sequence[Sequence[int]] | None = None,
+        auto_lr: bool = True,
+    ) -> None:
+        groups = check_switches(num_processes, cpu_for_each_process, use_ipex, channels_last, auto_lr)
+        fabric_precision, engine_bf16 = _precision(precision, use_ipex, self._fabric_autocast)
+        if num_processes > 1 and not fabric_available():
+            raise ImportError(
+                f"num_processes={num_processes} needs Lightning Fabric: pip install lightning (or nanopatch[lightning])"
+            )
+        self.num_processes = num_processes
+        self.auto_lr = auto_lr
+        self._groups = groups
+        self._fabric_precision = fabric_precision
+        self._engine = engine_options(engine_bf16, channels_last, use_ipex)
+        self._fabric: Any = None
+        self._warmups: list[LrWarmup] = []
+
+    # --- what train() calls ---
+
+    def setup(self, model: Any, optimizer: Any = None, *dataloaders: Any) -> Any:
+        """``(model, optimizer, *dataloaders)`` ready for this process: wrapped for DDP and
+        autocast, loaders sharded (with Fabric); as they are otherwise. ``setup(model)`` alone
+        returns the model."""
+        optimizers = () if optimizer is None else (optimizer,)
+        model, optimizers, loaders = self._set_up(model, optimizers, dataloaders)
+        if optimizer is None and not dataloaders:
+            return model
+        return (model, *optimizers, *loaders)
+
+    def _set_up(self, model: Any, optimizers: Sequence[Any], loaders: Sequence[Any]) -> tuple[Any, list, list]:
+        fabric = self._fabric
+        if fabric is None:
+            return model, list(optimizers), list(loaders)
+        if optimizers:
+            model, *optimizers = fabric.setup(model, *optimizers)
+        else:
+            model = fabric.setup(model)
+        if loaders:
+            ready = fabric.setup_dataloaders(*loaders)
+            loaders = list(ready) if len(loaders) > 1 else [ready]
+        if optimizers and self.auto_lr and fabric.world_size > 1:
+            warmup = LrWarmup(fabric.world_size)
+            steps = len(loaders[0]) if loaders and hasattr(loaders[0], "__len__") else 1
+            warmup.attach([getattr(o, "optimizer", o) for o in optimizers], steps)
+            self._warmups.append(warmup)
+        return model, list(optimizers), list(loaders)
+
+    def backward(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        if self._fabric is None:
+            loss.backward(*args, **kwargs)
+        else:
+            self._fabric.backward(loss, *args, **kwargs)
+
+    @property
+    def global_rank(self) -> int:
+        return 0 if self._fabric is None else self._fabric.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self._fabric is None else self._fabric.world_size
+
+    # --- running ---
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        user = cls.__dict__.get("train")
+        if user is not None and not getattr(user, "_nanopatch_launcher", False):
+            cls._user_train = user
+            cls.train = _launching(user)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("subclass TorchNano and write train(self, ...)")
+
+    def _launch(self, args: tuple, kwargs: dict) -> Any:
+        if not fabric_available():
+            return _run(None, self, args, kwargs)
+        return _make_fabric(self).launch(_run, self, args, kwargs)
+
+    @contextlib.contextmanager
+    def _accelerated(self) -> Iterator[None]:
+        if self._engine is None:
+            yield
+            return
+        with _patching.patched(**self._engine):
+            yield
+
+
+def _launching(user: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(user)
+    def train(self: TorchNano, *args: Any, **kwargs: Any) -> Any:
+        if self._fabric is not None or getattr(self, "_running", False):  # already in a process that trains
+            return user(self, *args, **kwargs)
+        return self._launch(args, kwargs)
+
+    train._nanopatch_launcher = True  # type: ignore[attr-defined]
+    return train
+
+
+def _make_fabric(nano: TorchNano) -> Any:
+    from lightning.fabric import Fabric
+
+    if nano.num_processes > 1:
+        from ._fabric import PinnedFabricDDP
+
+        strategy = PinnedFabricDDP(nano._groups or [])
+        return Fabric(
+            accelerator="cpu", devices=nano.num_processes, strategy=strategy, precision=nano._fabric_precision
+        )
+    return Fabric(accelerator="cpu", devices=1, precision=nano._fabric_precision)
+
+
+def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict) -> Any:
+    """In each process (``fabric`` None without Lightning): ``train`` with the engine on. The
+    user's ``train`` is looked up on the class here, not pickled: its name is the launching
+    wrapper's."""
+    nano._fabric = fabric
+    nano._running = True
+    try:
+        with nano._accelerated():
+            return type(nano)._user_train(nano, *args, **kwargs)
+    finally:
+        for warmup in nano._warmups:
+            warmup.detach()
+        nano._warmups.clear()
+        nano._fabric = None
+        nano._running = False
+
+
+# --- @nano -------------------------------------------------------------------------------------------
+
+
+class _FunctionNano(TorchNano):
+    """What ``@nano`` runs: the function, with its model, optimizers and loaders set up.
+    ``decorated`` is the decorated function (what pickles by name); it runs the original."""
+
+    _fabric_autocast = False  # the function calls loss.backward(): bf16 is the engine's
+
+    def __init__(self, decorated: Callable[..., Any], **switches: Any) -> None:
+        super().__init__(**switches)
+        self.decorated = decorated
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        args = list(args)
+        models = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Module)]
+        if len(models) != 1:
+            raise ValueError(f"@nano: the function must take exactly one model (nn.Module), it got {len(models)}")
+        optimizers = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
+        loaders = [i for i, a in enumerate(args) if isinstance(a, torch.utils.data.DataLoader)]
+        model = args[models[0]]
+        ready_model, ready_optimizers, ready_loaders = self._set_up(
+            model, [args[i] for i in optimizers], [args[i] for i in loaders]
+        )
+        args[models[0]] = ready_model
+        for i, value in [*zip(optimizers, ready_optimizers, strict=True), *zip(loaders, ready_loaders, strict=True)]:
+            args[i] = value
+        result = self.decorated.__wrapped__(*args, **kwargs)
+        if self.num_processes > 1:
+            return result, (_to_bytes(model.state_dict()) if self.global_rank == 0 else None)
+        return result
+
+
+def _to_bytes(state: Any) -> bytes:
+    """Rank 0's weights as bytes: tensors sent through a queue would be shared memory that the
+    process, which ends right after, has to keep alive until the caller opens it."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def nano(**switches: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``@nano(num_processes=1, use_ipex=False, precision="32", channels_last=False,
+    cpu_for_each_process=None, auto_lr=True)``, :class:`TorchNano`'s switches: decorate a
+    training function that takes its model, optimizer(s) and dataloader(s) as arguments. With
+    ``num_processes > 1`` it runs in N processes and returns rank 0's result; the caller's
+    model ends with the trained weights either way."""
+    TorchNano(**switches)  # bad switches fail at decoration
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            import torch
+
+            out = _FunctionNano(run, **switches).train(*args, **kwargs)
+            if switches.get("num_processes", 1) == 1:
+                return out
+            result, state = out
+            model = next(a for a in args if isinstance(a, torch.nn.Module))
+            model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
+            return result
+
+        return run
+
+    return decorate
