@@ -13,7 +13,13 @@ A. **Lightning ResNet-18**, the script a BigDL-Nano user writes: a ``LightningMo
 
    * ``stock``: ``python script``; ``bf16-mixed``: the same with ``precision="bf16-mixed"``;
    * ``nanopatch``: ``python -m nanopatch script``; ``nanopatch+bf16-mixed``: both;
-   * ``nproc2``: ``python -m nanopatch --nproc 2 script`` (two pinned processes through torchrun).
+   * ``nproc2``: ``python -m nanopatch --nproc 2 script`` (two pinned processes through torchrun);
+   * ``nano-trainer``: the script with BigDL-Nano's one changed import, ``from nanopatch.lightning
+     import Trainer``, and ``Trainer(precision="bf16", channels_last=True)``, run with ``python
+     script`` in the environment ``eval "$(python -m nanopatch --init)"`` gives (what BigDL-Nano
+     users did with ``source bigdl-nano-init``); ``nano-trainer-2``: the same with
+     ``num_processes=2`` (and ``--init --no-pin-threads``, as ``--init`` advises for several
+     processes).
 
    And the script as written for Lightning's own data parallelism, ``Trainer(devices=2,
    strategy="ddp")``: ``ddp-stock`` (``python script``; Lightning starts the second process) and
@@ -70,6 +76,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +133,8 @@ class Variant:
     precision: str | None = None  # Lightning's Trainer(precision=...)
     processes: int = 1
     patched: bool = False
+    nano_processes: int = 0  # nanopatch.lightning.Trainer(num_processes=..., precision="bf16", channels_last=True)
+    init: tuple[str, ...] = ()  # the environment of `eval "$(python -m nanopatch --init ...)"` (bigdl-nano-init's)
 
 
 NANOPATCH = ("-m", "nanopatch")
@@ -137,6 +146,16 @@ VARIANTS = {
         Variant("nanopatch", "lightning", "lightning", NANOPATCH, patched=True),
         Variant("nanopatch+bf16-mixed", "lightning", "lightning", NANOPATCH, "bf16-mixed", patched=True),
         Variant("nproc2", "lightning", "lightning", (*NANOPATCH, "--nproc", "2"), processes=2, patched=True),
+        Variant("nano-trainer", "lightning", "lightning-nano", patched=True, nano_processes=1, init=("--init",)),
+        Variant(
+            "nano-trainer-2",
+            "lightning",
+            "lightning-nano",
+            processes=2,
+            patched=True,
+            nano_processes=2,
+            init=("--init", "--no-pin-threads"),
+        ),
         Variant("ddp-stock", "lightning-ddp", "lightning-ddp", processes=2),
         Variant("ddp-nanopatch", "lightning-ddp", "lightning-ddp", NANOPATCH, processes=2, patched=True),
         Variant("hf-stock", "hf", "hf"),
@@ -160,6 +179,9 @@ UNIT = {"lightning": "img/s", "lightning-ddp": "img/s", "hf": "samples/s", "timm
 TARGETS = (
     ("nanopatch", "stock", 1.8),
     ("nanopatch", "bf16-mixed", 1.1),
+    ("nano-trainer", "stock", 1.8),
+    ("nano-trainer", "bf16-mixed", 1.15),
+    ("nano-trainer-2", "nano-trainer", 1.0),
     ("ddp-nanopatch", "ddp-stock", 1.0),
     ("hf-nanopatch", "hf-stock", 1.3),
     ("timm-nanopatch", "timm-stock", 1.3),
@@ -373,7 +395,12 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
     extra: dict[str, Any] = {"devices": 2, "strategy": "ddp"} if args.script == "lightning-ddp" else {}
     if args.precision:
         extra["precision"] = args.precision
-    trainer = L.Trainer(
+    Trainer = L.Trainer
+    if args.script == "lightning-nano":  # the BigDL-Nano user's one changed import
+        from nanopatch.lightning import Trainer
+
+        extra.update(num_processes=args.nano_processes, precision="bf16", channels_last=True)
+    trainer = Trainer(
         accelerator="cpu",
         max_steps=args.warmup + args.steps,
         logger=False,
@@ -524,7 +551,13 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_main(args: argparse.Namespace) -> int:
     affinity_at_start = sorted(os.sched_getaffinity(0))
-    run = {"lightning": lightning_worker, "lightning-ddp": lightning_worker, "hf": hf_worker, "timm": timm_worker}
+    run = {
+        "lightning": lightning_worker,
+        "lightning-ddp": lightning_worker,
+        "lightning-nano": lightning_worker,
+        "hf": hf_worker,
+        "timm": timm_worker,
+    }
     result = run[args.script](args)
     import torch
 
@@ -546,13 +579,31 @@ def command(variant: Variant, args: argparse.Namespace, out: str) -> list[str]:
     worker = [os.path.abspath(__file__), "--worker", out, "--script", variant.script]
     if variant.precision:
         worker += ["--precision", variant.precision]
+    if variant.nano_processes:
+        worker += ["--nano-processes", str(variant.nano_processes)]
     for name in ("steps", "warmup", *TINY):
         worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return [sys.executable, *variant.launcher, *worker]
 
 
+def init_env(env: dict[str, str], init: Sequence[str]) -> dict[str, str]:
+    """``env`` after ``eval "$(python -m nanopatch <init>)"``: its ``export`` lines applied."""
+    if not init:
+        return env
+    text = subprocess.run(
+        [sys.executable, "-m", "nanopatch", *init], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    exports = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            exports[name] = shlex.split(value, comments=True)[0]
+    return {**env, **exports}
+
+
 def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
     """One fresh process (group) of a variant: its rate, or its error."""
+    env = init_env(env, variant.init)
     out = tempfile.mkdtemp(prefix=f"{variant.name}-", dir=workdir)
     log_path = Path(out, "log.txt")
     adopt_descendants()
@@ -1024,8 +1075,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bert-hidden", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # internal: run as the training script
-    parser.add_argument("--script", choices=("lightning", "lightning-ddp", "hf", "timm"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--script", choices=("lightning", "lightning-ddp", "lightning-nano", "hf", "timm"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--precision", help=argparse.SUPPRESS)
+    parser.add_argument("--nano-processes", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name, value in DEFAULTS[args.quick].items():
         if getattr(args, name) is None:

@@ -22,7 +22,7 @@ pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
 
-NAMES = ["stock", "nanopatch+bf16-mixed", "nproc2", "ddp-stock", "hf-stock", "timm-nanopatch"]
+NAMES = ["stock", "nanopatch+bf16-mixed", "nproc2", "nano-trainer-2", "ddp-stock", "hf-stock", "timm-nanopatch"]
 UNPATCHED = ("stock", "ddp-stock", "hf-stock")
 STEPS = 2
 
@@ -91,6 +91,10 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert nproc["ranks_in_sync"] and nproc["ranks_saw_different_data"]
     if cpu.host_facts().physical_cores >= 2:
         assert nproc["disjoint_affinity"], nproc["affinity"]
+    nano = rows["nano-trainer-2"]["details"]  # BigDL-Nano's Trainer(num_processes=2): Lightning's DDP
+    assert nano["processes"] == 2 and nano["world_size"] == [2, 2] and nano["ddp"] == [True, True]
+    assert nano["strategy"] == "PinnedDDPStrategy" and nano["inside"] == rows["nproc2"]["details"]["inside"]
+    assert nano["ranks_in_sync"] and nano["ranks_saw_different_data"]
     ddp = rows["ddp-stock"]
     assert ddp["group"] == "lightning-ddp" and ddp["baseline"] == "ddp-stock" and ddp["ratio"] == 1.0
     assert ddp["details"]["strategy"] == "DDPStrategy" and ddp["details"]["world_size"] == [2, 2]
@@ -109,6 +113,7 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
         ("lightning", "stock", True),
         ("lightning", "nanopatch+bf16-mixed", False),
         ("lightning", "nproc2", False),
+        ("lightning", "nano-trainer-2", False),
         ("lightning-ddp", "stock", True),
         ("hf", "stock", True),
         ("timm", "nanopatch", False),
@@ -154,6 +159,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
         "nanopatch": 0.4,  # 2.5x stock, 1.25x bf16-mixed: both targets met
         "nanopatch+bf16-mixed": 0.4,
         "nproc2": 0.5,
+        "nano-trainer": 0.4,  # 2.5x stock, 1.25x bf16-mixed: both met
+        "nano-trainer-2": 0.5,  # 32 img/s against 20: met
         "ddp-stock": 1.0,
         "ddp-nanopatch": 1.25,  # 0.8x ddp-stock: not met
         "hf-stock": 1.0,
@@ -164,7 +171,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     runs = {}
     for name, s in seconds.items():
         v = fw.VARIANTS[name]
-        dtype = "bfloat16" if v.precision or name in ("nanopatch", "nproc2", "timm-nanopatch") else "float32"
+        bf16 = ("nanopatch", "nproc2", "nano-trainer", "nano-trainer-2", "timm-nanopatch")
+        dtype = "bfloat16" if v.precision or name in bf16 else "float32"
         extra = {"precision": v.precision} if v.precision else {}
         if name == "bf16-mixed":
             dtype = "float32"  # a check fails: bf16-mixed that computed in fp32
@@ -194,6 +202,9 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert rows["nanopatch"]["ratio_to_bf16_mixed"] == pytest.approx(1.25)
     assert [(t["against"], t["met"]) for t in rows["nanopatch"]["targets"]] == [("stock", True), ("bf16-mixed", True)]
     assert rows["nproc2"]["rate"] == pytest.approx(32) and rows["nproc2"]["ratio"] == pytest.approx(4)
+    nano_targets = [(t["against"], t["met"]) for t in rows["nano-trainer"]["targets"]]
+    assert nano_targets == [("stock", True), ("bf16-mixed", True)]
+    assert [(t["against"], t["met"]) for t in rows["nano-trainer-2"]["targets"]] == [("nano-trainer", True)]
     assert rows["ddp-nanopatch"]["ratio"] == pytest.approx(0.8)
     assert [(t["against"], t["met"]) for t in rows["ddp-nanopatch"]["targets"]] == [("ddp-stock", False)]
     assert rows["hf-nanopatch"]["targets"][0]["met"] is False

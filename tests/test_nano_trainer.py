@@ -355,3 +355,25 @@ def nanopatch_is_patched():
     import nanopatch
 
     return nanopatch.is_patched()
+
+
+def test_use_ipex_without_a_usable_ipex_warns_once_and_trains(tmp_path, monkeypatch):
+    framework("lightning.pytorch")
+    from nanopatch import config
+
+    ok, why = config.ipex_compatibility()
+    if ok:
+        pytest.skip("IPEX is usable here: tests/test_training_ipex.py covers the IPEX path")
+    monkeypatch.setattr(_log, "_said", set())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,))
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            module = nano_lightning.trainer_class().compile(model, torch.nn.CrossEntropyLoss(), sgd)
+            trainer = quiet_trainer(tmp_path, max_epochs=1, use_ipex=True, channels_last=True)
+            trainer.fit(module, loader(x, y, batch_size=8))
+    said = [str(w.message) for w in caught if issubclass(w.category, NanopatchWarning)]
+    assert len(said) == 1 and "ipex was requested" in said[0] and why in said[0], said
