@@ -274,6 +274,21 @@ def _shard(loader: tud.DataLoader, shuffle: bool) -> None:
     )
 
 
+def shard(loader: tud.DataLoader) -> bool:
+    """Shard ``loader`` across the processes now (a custom-loop API's ``setup`` asks for it, as
+    Fabric's ``setup_dataloaders`` does): shuffled when it shuffles. False when it cannot be
+    (a sampler of its own, an iterable dataset) and every process reads all of it; True when
+    it is sharded, by this call or before."""
+    if isinstance(loader.sampler, EpochDistributedSampler):
+        return True
+    kind = _plain_sampling(loader)
+    if kind is None or not active():
+        return False
+    _candidates.discard(loader)
+    _shard(loader, shuffle=kind == "shuffle")
+    return True
+
+
 def _training_now() -> bool:
     """Whether a model is being trained at this moment (a loader iterated now feeds it)."""
     from .training import patch as training

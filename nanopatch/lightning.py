@@ -133,10 +133,10 @@ def lightning_precision(precision: Any, use_ipex: bool) -> tuple[Any, bool]:
     return "bf16-mixed", False
 
 
-def engine_options(bf16: bool, channels_last: bool, ipex: bool) -> dict[str, Any] | None:
-    """The options of nanopatch's training engine for these switches (None: nothing to do).
-    Only training: the script's data pipeline is left as it is."""
-    if not (bf16 or channels_last or ipex):
+def engine_options(bf16: bool, channels_last: bool, ipex: bool, force: bool = False) -> dict[str, Any] | None:
+    """The options of nanopatch's training engine for these switches (None: nothing to do,
+    unless ``force``). Only training: the script's data pipeline is left as it is."""
+    if not (bf16 or channels_last or ipex or force):
         return None
     return {
         "training": True,
@@ -264,6 +264,9 @@ def _build(package: str) -> type:
 
         def teardown(self) -> None:
             super().teardown()
+            from .torch_nano import _end_group
+
+            _end_group()  # Lightning sets the group up again for a later validate/test/predict
             if self._pinning is not None:
                 self._pinning.release()  # the script's own process gets its CPUs back
 

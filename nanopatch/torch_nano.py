@@ -10,8 +10,10 @@ TorchNano was built on) when Lightning is installed: ``num_processes=N`` starts 
 must pickle), each pinned to its share of the physical cores, with Fabric's DDP over gloo,
 sharded loaders and averaged gradients; the return value is rank 0's. ``precision='bf16'`` is
 Fabric's bf16 autocast; ``channels_last`` and ``use_ipex`` (and bf16 with IPEX) are
-nanopatch's training engine, on while ``train`` runs. Without Lightning, one process runs on
-nanopatch's engine alone; several need Lightning.
+nanopatch's training engine, on while ``train`` runs. Without Lightning, the same runs on
+nanopatch's own engine: N spawned pinned processes in a gloo group, its data-parallel patch
+(DDP at the model's first training call, averaged gradients, the LR warm-up), and ``setup``
+sharding the loaders it is given.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import functools
 import importlib.util
 import io
 import logging
+import os
+import pickle
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import _patching, cpu
-from ._log import warn_once
+from ._log import log_once, warn_once
 from .lightning import LrWarmup, check_switches, engine_options
 
 logger = logging.getLogger("nanopatch")
@@ -74,10 +79,6 @@ class TorchNano:
     ) -> None:
         groups = check_switches(num_processes, cpu_for_each_process, use_ipex, channels_last, auto_lr)
         fabric_precision, engine_bf16 = _precision(precision, use_ipex, self._fabric_autocast)
-        if num_processes > 1 and not fabric_available():
-            raise ImportError(
-                f"num_processes={num_processes} needs Lightning Fabric: pip install lightning (or nanopatch[lightning])"
-            )
         self.num_processes = num_processes
         self.auto_lr = auto_lr
         self._groups = groups
@@ -100,7 +101,17 @@ class TorchNano:
 
     def _set_up(self, model: Any, optimizers: Sequence[Any], loaders: Sequence[Any]) -> tuple[Any, list, list]:
         fabric = self._fabric
-        if fabric is None:
+        if fabric is None:  # one process, or nanopatch's own processes: its engine wraps the model in DDP
+            if self.num_processes > 1:
+                from . import distributed
+
+                for loader in loaders:
+                    if not distributed.shard(loader):
+                        log_once(
+                            "nano-unsharded",
+                            "TorchNano.setup: a DataLoader with a sampler of its own is not sharded; "
+                            "every process reads all of it",
+                        )
             return model, list(optimizers), list(loaders)
         if optimizers:
             model, *optimizers = fabric.setup(model, *optimizers)
@@ -124,11 +135,15 @@ class TorchNano:
 
     @property
     def global_rank(self) -> int:
-        return 0 if self._fabric is None else self._fabric.global_rank
+        if self._fabric is not None:
+            return self._fabric.global_rank
+        return _group_value("get_rank", 0)
 
     @property
     def world_size(self) -> int:
-        return 1 if self._fabric is None else self._fabric.world_size
+        if self._fabric is not None:
+            return self._fabric.world_size
+        return _group_value("get_world_size", 1)
 
     # --- running ---
 
@@ -143,17 +158,30 @@ class TorchNano:
         raise NotImplementedError("subclass TorchNano and write train(self, ...)")
 
     def _launch(self, args: tuple, kwargs: dict) -> Any:
-        if not fabric_available():
+        if fabric_available():
+            return _make_fabric(self).launch(_run, self, args, kwargs)
+        if self.num_processes == 1:
             return _run(None, self, args, kwargs)
-        return _make_fabric(self).launch(_run, self, args, kwargs)
+        return _spawn(self, args, kwargs)
 
     @contextlib.contextmanager
     def _accelerated(self) -> Iterator[None]:
-        if self._engine is None:
+        options = self._engine
+        if self._fabric is None and self.num_processes > 1:  # nanopatch's own processes: its data-parallel engine
+            base = options or engine_options(False, False, False, force=True)
+            options = {**base, "data_parallel": True, "auto_lr": self.auto_lr}
+        if options is None:
             yield
             return
-        with _patching.patched(**self._engine):
+        with _patching.patched(**options):
             yield
+
+
+def _group_value(name: str, alone: int) -> int:
+    """The process group's rank or size (nanopatch's own processes), or ``alone`` without one."""
+    import torch.distributed as dist
+
+    return getattr(dist, name)() if dist.is_available() and dist.is_initialized() else alone
 
 
 def _launching(user: Callable[..., Any]) -> Callable[..., Any]:
@@ -195,6 +223,67 @@ def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict) -> Any:
         nano._warmups.clear()
         nano._fabric = None
         nano._running = False
+        if fabric is not None and nano.num_processes > 1:
+            _end_group()
+
+
+def _end_group() -> None:
+    """Destroy the process group once every rank got here: a process that exits with gloo's
+    threads still running sometimes aborts at interpreter shutdown ("terminate called without
+    an active exception"), which fails the whole launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def _spawn(nano: TorchNano, args: tuple, kwargs: dict) -> Any:
+    """Without Lightning: N spawned processes on nanopatch's own data-parallel engine (a gloo
+    process group, DDP at the model's first training call, sharded loaders, averaged
+    gradients, the LR warm-up); rank 0's return value."""
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    results = context.SimpleQueue()
+    mp.start_processes(
+        _spawned_rank,
+        args=(nano, args, kwargs, _free_port(), results),
+        nprocs=nano.num_processes,
+        start_method="spawn",
+    )
+    return pickle.loads(results.get())
+
+
+def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: int, results: Any) -> None:
+    from . import distributed
+    from .lightning import _Pinning
+
+    world = str(nano.num_processes)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=world,
+        LOCAL_WORLD_SIZE=world,
+    )
+    if nano._groups:
+        _Pinning(nano._groups[rank % len(nano._groups)]).apply()
+    distributed.start()
+    try:
+        result = _run(None, nano, args, kwargs)
+        if rank == 0:
+            results.put(pickle.dumps(result))  # by value: the process ends before the caller reads it
+    finally:
+        distributed.finish()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # --- @nano -------------------------------------------------------------------------------------------

@@ -45,8 +45,6 @@ def test_train_must_be_written():
 
 def test_without_lightning_one_process_runs_on_nanopatchs_engine(monkeypatch):
     monkeypatch.setattr(torch_nano, "fabric_available", lambda: False)
-    with pytest.raises(ImportError, match="num_processes=2 needs Lightning Fabric"):
-        nanopatch.TorchNano(num_processes=2)
     seen = []
 
     class Loop(nanopatch.TorchNano):
@@ -86,13 +84,18 @@ def run_script(tmp_path, api, *args):
     return json.loads((out / "main.json").read_text()), ranks
 
 
+@pytest.mark.parametrize("backend", ["fabric", "nanopatch"])
 @pytest.mark.parametrize("api", ["torchnano", "decorated"])
 @pytest.mark.parametrize("processes", [1, 2])
-def test_custom_loops_train_accelerated_on_n_processes(tmp_path, api, processes):
-    framework("lightning.fabric")
+def test_custom_loops_train_accelerated_on_n_processes(tmp_path, api, processes, backend):
+    """On Lightning Fabric, and (``--no-fabric``: as if Lightning were not installed) on
+    nanopatch's own spawned processes and data-parallel engine."""
+    if backend == "fabric":
+        framework("lightning.fabric")
     if processes == 2 and not TWO_CORES:
         pytest.skip("two processes need two physical cores")
-    main, ranks = run_script(tmp_path, api, "--num-processes", str(processes), "--precision", "bf16", "--channels-last")
+    args = ["--num-processes", str(processes), "--precision", "bf16", "--channels-last"]
+    main, ranks = run_script(tmp_path, api, *args, *(["--no-fabric"] if backend == "nanopatch" else []))
     assert sorted(ranks) == list(range(processes))
     assert main["returned"]["rank"] == 0  # rank 0's return value
     steps = 2 * 64 // (8 * processes)  # 2 epochs of 64 samples in batches of 8, sharded

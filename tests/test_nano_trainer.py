@@ -189,6 +189,8 @@ def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
         assert report["step_lrs"] == pytest.approx(expected)
     (checkpoint,) = (out / "ckpt").iterdir()  # one checkpoint, from rank 0
     assert_loads_into_a_stock_model(checkpoint, reports[0]["weights"])
+    # validate after fit runs on both ranks again, and agrees (sync_dist)
+    assert reports[0]["val_loss"] == pytest.approx(reports[1]["val_loss"])
 
 
 # --- Trainer.compile -------------------------------------------------------------------------------

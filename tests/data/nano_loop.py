@@ -89,10 +89,13 @@ def parse(argv=None):
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--precision", default="32")
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--no-fabric", action="store_true", help="as if Lightning were not installed")
     return parser.parse_args(argv)
 
 
 ARGS = parse()  # at import: spawned processes import this file again, with the same sys.argv
+if ARGS.no_fabric:
+    nanopatch.torch_nano.fabric_available = lambda: False
 SWITCHES = {"num_processes": ARGS.num_processes, "precision": ARGS.precision, "channels_last": ARGS.channels_last}
 
 

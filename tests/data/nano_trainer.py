@@ -38,6 +38,12 @@ class Classifier(L.LightningModule):
         self.seen["threads"] = torch.get_num_threads()
         return loss
 
+    def validation_step(self, batch, _):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        self.log("val_loss", loss, sync_dist=True)
+        return loss
+
     def on_before_optimizer_step(self, optimizer):
         self.seen["lrs"].append(optimizer.param_groups[0]["lr"])
 
@@ -84,9 +90,10 @@ def main():
         callbacks=[LrAtStep(), L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"))],
     )
     trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True))
+    validated = trainer.validate(module, DataLoader(data, batch_size=8), verbose=False)  # after fit, as users do
     rank = trainer.global_rank
     torch.save(module.model.state_dict(), os.path.join(args.out, f"rank{rank}.pt"))
-    report = dict(module.seen, rank=rank, world=trainer.world_size, pid=os.getpid())
+    report = dict(module.seen, rank=rank, world=trainer.world_size, pid=os.getpid(), val_loss=validated[0]["val_loss"])
     report["after_fit"] = {"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
