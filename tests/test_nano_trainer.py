@@ -379,3 +379,28 @@ def test_use_ipex_without_a_usable_ipex_warns_once_and_trains(tmp_path, monkeypa
             trainer.fit(module, loader(x, y, batch_size=8))
     said = [str(w.message) for w in caught if issubclass(w.category, NanopatchWarning)]
     assert len(said) == 1 and "ipex was requested" in said[0] and why in said[0], said
+
+
+PL_SCRIPT = """
+import pytorch_lightning as pl
+import torch
+
+from nanopatch.lightning import Trainer
+
+assert issubclass(Trainer, pl.Trainer) and "lightning.pytorch" not in __import__("sys").modules
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+seen = []
+model[0].register_forward_hook(lambda m, i, o: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)))
+module = Trainer.compile(model, torch.nn.CrossEntropyLoss(), lambda p: torch.optim.SGD(p, lr=0.1))
+assert isinstance(module, pl.LightningModule)
+data = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,)))
+trainer = Trainer(max_epochs=1, channels_last=True, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+print("RESULT", all(seen) and len(seen) == 2)
+"""
+
+
+def test_a_script_on_pytorch_lightning_gets_its_trainer():
+    framework("pytorch_lightning")
+    proc = run_python(["-c", PL_SCRIPT], env=child_env(), timeout=300)
+    assert proc.returncode == 0 and "RESULT True" in proc.stdout, proc.stdout + proc.stderr
