@@ -150,6 +150,27 @@ def engine_options(bf16: bool, channels_last: bool, ipex: bool, force: bool = Fa
     }
 
 
+def warn_if_ipex_unused(where: str) -> None:
+    """After a run with ``use_ipex=True`` (still patched): one warning when a usable IPEX
+    optimized no model, with the engine's reasons (the model was found inside
+    ``optimizer.step(closure)``, or already wrapped in DDP). A missing or mismatched IPEX was
+    warned about when the option was resolved."""
+    from .config import ipex_compatibility
+    from .training import plan as training_plan
+
+    if not ipex_compatibility()[0]:
+        return  # said already, when the option was resolved
+    with training_plan.lock:
+        plans = list(training_plan.plans.values())
+    if any(p.ipex for p in plans):
+        return
+    reasons = sorted({note.removeprefix("IPEX not used: ") for p in plans for note in p.notes if "IPEX" in note})
+    why = "; ".join(reasons) or "no model was paired with an optimizer, or IPEX could not be loaded"
+    warn_once(
+        f"ipex-unused-{where}", f"{where}: use_ipex=True, but IPEX optimized no model ({why}); trained without it"
+    )
+
+
 # --- per-process pinning ------------------------------------------------------------------------
 
 
@@ -286,6 +307,21 @@ def _build(package: str) -> type:
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
             self.warmup.detach()
 
+    class IpexAhead(pl.Callback):
+        """``use_ipex`` in one process: IPEX on the LightningModule and its optimizers once they
+        exist, before Lightning runs the first forward inside ``optimizer.step(closure)``."""
+
+        def __init__(self, bf16: bool) -> None:
+            self.bf16 = bf16
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            from .training.discovery import ipex_ahead
+
+            for optimizer in trainer.optimizers:
+                why = ipex_ahead(pl_module, getattr(optimizer, "_optimizer", optimizer), self.bf16)
+                if why is not None:
+                    logger.info("Trainer: IPEX not applied before training (%s)", why)
+
     class Trainer(pl.Trainer):
         def __init__(
             self,
@@ -321,6 +357,11 @@ def _build(package: str) -> type:
                 "auto_lr": auto_lr,
             }
             self._engine = engine_options(engine_bf16, channels_last, use_ipex)
+            if use_ipex and groups is None:
+                from .config import ipex_compatibility
+
+                if ipex_compatibility()[0]:
+                    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), IpexAhead(engine_bf16)]
             super().__init__(*args, **kwargs)
 
         @contextlib.contextmanager
@@ -335,6 +376,8 @@ def _build(package: str) -> type:
                 return
             with _patching.patched(**self._engine):
                 yield
+                if self._engine["ipex"] and self.state.fn == "fit":
+                    warn_if_ipex_unused("Trainer")
 
         @staticmethod
         def compile(model: Any, loss: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:

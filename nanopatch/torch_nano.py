@@ -31,7 +31,7 @@ from typing import Any
 
 from . import _patching, cpu
 from ._log import log_once, warn_once
-from .lightning import LrWarmup, check_switches, engine_options
+from .lightning import LrWarmup, check_switches, engine_options, warn_if_ipex_unused
 
 logger = logging.getLogger("nanopatch")
 
@@ -100,6 +100,8 @@ class TorchNano:
         return (model, *optimizers, *loaders)
 
     def _set_up(self, model: Any, optimizers: Sequence[Any], loaders: Sequence[Any]) -> tuple[Any, list, list]:
+        if self._engine is not None and self._engine["ipex"] and optimizers and self.num_processes == 1:
+            _ipex_ahead(model, optimizers, self._engine["bf16"])
         fabric = self._fabric
         if fabric is None:  # one process, or nanopatch's own processes: its engine wraps the model in DDP
             if self.num_processes > 1:
@@ -175,6 +177,23 @@ class TorchNano:
             return
         with _patching.patched(**options):
             yield
+            if options["ipex"]:
+                warn_if_ipex_unused(type(self).__name__)
+
+
+def _ipex_ahead(model: Any, optimizers: Sequence[Any], bf16: bool) -> None:
+    """IPEX on the model and its optimizers before Fabric wraps the model (the search would
+    find it wrapped and leave IPEX out)."""
+    from .config import ipex_compatibility
+
+    if not ipex_compatibility()[0]:
+        return  # said when the option was resolved
+    from .training.discovery import ipex_ahead
+
+    for optimizer in optimizers:
+        why = ipex_ahead(model, optimizer, bf16)
+        if why is not None:
+            logger.info("TorchNano.setup: IPEX not applied (%s)", why)
 
 
 def _group_value(name: str, alone: int) -> int:

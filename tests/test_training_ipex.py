@@ -152,3 +152,98 @@ def test_ipex_bf16_run_learns_as_well_as_fp32():
     patched = train_and_score(data)
     assert any(plan.ipex for plan in training.plans.values())
     assert abs(patched - stock) <= 1.0, f"IPEX bf16 {patched:.2f}% vs fp32 {stock:.2f}%"
+
+
+TRAINER_SCRIPT = """
+import json, sys
+import lightning as L, torch, torchvision
+from nanopatch.lightning import Trainer
+from nanopatch.training import patch as training
+
+class Classifier(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = torchvision.models.resnet18(num_classes=4)
+        self.seen, self.lines, self.hooked = [], [], False
+
+    def probe(self, module, inputs, output):
+        self.seen.append((inputs[0].is_contiguous(memory_format=torch.channels_last), output.dtype == torch.bfloat16))
+
+    def training_step(self, batch, _):
+        if not self.hooked:  # on the convolution that runs: IPEX swaps in its own
+            self.hooked = bool(self.model.conv1.register_forward_hook(self.probe))
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        self.lines = training.summary()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(16, 3, 32, 32), torch.randint(0, 4, (16,)))
+module = Classifier()
+trainer = Trainer(use_ipex=True, precision=sys.argv[1], channels_last=True, max_epochs=1, logger=False,
+                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+print("RESULT " + json.dumps({"seen": module.seen, "lines": module.lines}))
+"""
+
+
+@pytest.mark.parametrize("precision", ["bf16", "32"])
+def test_lightning_trainer_use_ipex_optimizes_the_module_before_lightnings_closure(precision):
+    """Lightning runs the forward inside optimizer.step(closure), where the search cannot apply
+    IPEX: the Trainer applies it to the LightningModule once its optimizers exist."""
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_IPEX") != "1":
+        pytest.importorskip("lightning")
+    import json
+
+    from conftest import child_env, run_python
+
+    proc = run_python(["-c", TRAINER_SCRIPT, precision], env=child_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    (line,) = result["lines"]
+    assert "IPEX" in line and "IPEX not used" not in line and "channels-last" in line, line
+    assert ("computed in bfloat16" in line) == (precision == "bf16"), line
+    assert len(result["seen"]) == 2 and all(channels_last for channels_last, _ in result["seen"])
+    assert all(bf16 == (precision == "bf16") for _, bf16 in result["seen"])
+
+
+NANO_SCRIPT = """
+import json, sys
+import torch, torchvision
+import nanopatch
+from nanopatch.training import patch as training
+
+class Loop(nanopatch.TorchNano):
+    def train(self):
+        model = torchvision.models.resnet18(num_classes=4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 32, 32), torch.randint(0, 4, (16,)))
+        model, optimizer, loader = self.setup(model, optimizer, torch.utils.data.DataLoader(data, batch_size=8))
+        for x, y in loader:
+            optimizer.zero_grad()
+            self.backward(torch.nn.functional.cross_entropy(model(x), y))
+            optimizer.step()
+        return training.summary()
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(Loop(use_ipex=True, precision="bf16", channels_last=True).train()))
+"""
+
+
+def test_torchnano_use_ipex_optimizes_the_model_before_fabric_wraps_it(tmp_path):
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_IPEX") != "1":
+        pytest.importorskip("lightning")
+    import json
+
+    from conftest import child_env, run_python
+
+    script = tmp_path / "loop.py"
+    script.write_text(NANO_SCRIPT)
+    proc = run_python([str(script)], env=child_env(), timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert "IPEX" in line and "IPEX not used" not in line and "computed in bfloat16" in line, line
+    assert "use_ipex=True, but IPEX optimized no model" not in proc.stderr

@@ -64,6 +64,7 @@ pending: dict[int, _Pending] = {}  # id(optimizer) -> what is still unpaired of 
 watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Watch
 unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothing to accelerate
 converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models made channels-last for DDP
+ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
 _hooks: list[Any] = []  # handles of the global forward hooks while searching
 
 
@@ -153,8 +154,32 @@ def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
     return plan
 
 
+def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
+    """``ipex.optimize`` a model (a whole LightningModule, say) and its optimizer before
+    training starts, for a framework that will run the forward inside ``optimizer.step(closure)``
+    where the search cannot apply IPEX. The model the search pairs with the optimizer later is
+    then taken as IPEX's. Returns why IPEX was not applied, or None."""
+    lib = ipex.load()
+    if lib is None:
+        return "IPEX cannot be loaded"
+    why = ipex.why_not(model, optimizer, lib)
+    if why is not None:
+        return why
+    rank = mf.channels_last_rank(model)  # before IPEX swaps its convolutions for its own modules
+    ipex.optimize(model, optimizer, bf16)
+    with lock:
+        ahead[optimizer] = (bf16, rank)
+    return None
+
+
 def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, cfg: Any) -> None:
     bf16 = bool(cfg.bf16)
+    if optimizer in ahead:  # IPEX applied before training (the weights are IPEX's, bf16 ones included)
+        ahead_bf16, rank = ahead[optimizer]
+        plan.ipex = True
+        plan.amp_dtype = torch.bfloat16 if ahead_bf16 else None
+        if cfg.channels_last:  # IPEX laid the weights out; the inputs follow
+            plan.rank = rank
     if cfg.channels_last and not plan.ipex:
         rank = mf.channels_last_rank(model)
         if rank is not None and model is not module and not _already(model, rank):
