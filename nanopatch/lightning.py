@@ -22,6 +22,7 @@ a script has imported ``pytorch_lightning`` and not ``lightning``, that one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -282,12 +283,10 @@ def _build(package: str) -> type:
             self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
             self._pinning.apply()
             super().setup_environment()
+            _destroy_group_at_exit()
 
         def teardown(self) -> None:
             super().teardown()
-            from .torch_nano import _end_group
-
-            _end_group()  # Lightning sets the group up again for a later validate/test/predict
             if self._pinning is not None:
                 self._pinning.release()  # the script's own process gets its CPUs back
 
@@ -497,6 +496,28 @@ def _accelerating(run: Any) -> Any:
             return run(self, *args, **kwargs)
 
     return method
+
+
+_at_exit_registered = False
+
+
+def _destroy_group_at_exit() -> None:
+    """Destroy the process group when the script ends, before the interpreter shuts down: a
+    process that exits with gloo's threads still running sometimes aborts ("terminate called
+    without an active exception"). Not at teardown: Lightning keeps the group for a
+    ``validate``/``test`` after ``fit``, and setting it up again races between the ranks."""
+    global _at_exit_registered
+    if not _at_exit_registered:
+        _at_exit_registered = True
+        atexit.register(_destroy_group)
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def _as_list(value: Any) -> list[Any]:
