@@ -118,20 +118,41 @@ def check_switches(
     return groups
 
 
+def native_bf16_or_warn(precision: Any, key: str, fallback: str = "") -> bool:
+    """Whether this CPU computes bf16 natively; if not, one warning that ``precision`` falls
+    back to fp32 (BigDL-Nano's behaviour)."""
+    facts = cpu.host_facts()
+    if not facts.native_bf16:
+        warn_once(key, f"precision={precision!r}: {facts.bf16_reason}; training runs in fp32{fallback}")
+    return facts.native_bf16
+
+
 def lightning_precision(precision: Any, use_ipex: bool) -> tuple[Any, bool]:
     """(the precision Lightning gets, whether nanopatch's engine computes in bf16)."""
     if precision not in ("bf16", "bf16-mixed"):
         return precision, False
-    facts = cpu.host_facts()
-    if not facts.native_bf16:
-        warn_once(
-            "trainer-bf16",
-            f"precision={precision!r}: {facts.bf16_reason}; training runs in fp32 (BigDL-Nano's fallback)",
-        )
+    if not native_bf16_or_warn(precision, "trainer-bf16", " (BigDL-Nano's fallback)"):
         return "32-true", False
     if use_ipex:
         return "32-true", True  # IPEX's bf16 path: nanopatch's autocast with ipex.optimize(dtype=bf16)
     return "bf16-mixed", False
+
+
+def ipex_before_training(model: Any, optimizers: Sequence[Any], bf16: bool, who: str) -> None:
+    """``ipex.optimize`` the model with each optimizer before training starts, where the
+    engine's search would find the model too late (inside ``optimizer.step(closure)``) or
+    already wrapped (by Fabric). A missing or mismatched IPEX was warned about when the option
+    was resolved."""
+    from .config import ipex_compatibility
+
+    if not ipex_compatibility()[0]:
+        return
+    from .training.discovery import ipex_ahead
+
+    for optimizer in optimizers:
+        why = ipex_ahead(model, optimizer, bf16)
+        if why is not None:
+            logger.info("%s: IPEX not applied before training (%s)", who, why)
 
 
 def engine_options(bf16: bool, channels_last: bool, ipex: bool, force: bool = False) -> dict[str, Any] | None:
@@ -314,12 +335,8 @@ def _build(package: str) -> type:
             self.bf16 = bf16
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            from .training.discovery import ipex_ahead
-
-            for optimizer in trainer.optimizers:
-                why = ipex_ahead(pl_module, getattr(optimizer, "_optimizer", optimizer), self.bf16)
-                if why is not None:
-                    logger.info("Trainer: IPEX not applied before training (%s)", why)
+            optimizers = [getattr(o, "_optimizer", o) for o in trainer.optimizers]
+            ipex_before_training(pl_module, optimizers, self.bf16, "Trainer")
 
     class Trainer(pl.Trainer):
         def __init__(

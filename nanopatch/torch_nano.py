@@ -29,9 +29,16 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import _patching, cpu
-from ._log import log_once, warn_once
-from .lightning import LrWarmup, check_switches, engine_options, warn_if_ipex_unused
+from . import _patching
+from ._log import log_once
+from .lightning import (
+    LrWarmup,
+    check_switches,
+    engine_options,
+    ipex_before_training,
+    native_bf16_or_warn,
+    warn_if_ipex_unused,
+)
 
 logger = logging.getLogger("nanopatch")
 
@@ -54,9 +61,7 @@ def _precision(precision: Any, use_ipex: bool, fabric_autocast: bool = True) -> 
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} (or 32), not {precision!r}")
     if text not in ("bf16", "bf16-mixed"):
         return "32-true", False
-    facts = cpu.host_facts()
-    if not facts.native_bf16:
-        warn_once("nano-bf16", f"precision={precision!r}: {facts.bf16_reason}; training runs in fp32")
+    if not native_bf16_or_warn(precision, "nano-bf16"):
         return "32-true", False
     if use_ipex or not fabric_autocast or not fabric_available():
         return "32-true", True  # nanopatch's autocast (with IPEX: its bf16 path)
@@ -101,7 +106,7 @@ class TorchNano:
 
     def _set_up(self, model: Any, optimizers: Sequence[Any], loaders: Sequence[Any]) -> tuple[Any, list, list]:
         if self._engine is not None and self._engine["ipex"] and optimizers and self.num_processes == 1:
-            _ipex_ahead(model, optimizers, self._engine["bf16"])
+            ipex_before_training(model, optimizers, self._engine["bf16"], "TorchNano.setup")
         fabric = self._fabric
         if fabric is None:  # one process, or nanopatch's own processes: its engine wraps the model in DDP
             if self.num_processes > 1:
@@ -179,21 +184,6 @@ class TorchNano:
             yield
             if options["ipex"]:
                 warn_if_ipex_unused(type(self).__name__)
-
-
-def _ipex_ahead(model: Any, optimizers: Sequence[Any], bf16: bool) -> None:
-    """IPEX on the model and its optimizers before Fabric wraps the model (the search would
-    find it wrapped and leave IPEX out)."""
-    from .config import ipex_compatibility
-
-    if not ipex_compatibility()[0]:
-        return  # said when the option was resolved
-    from .training.discovery import ipex_ahead
-
-    for optimizer in optimizers:
-        why = ipex_ahead(model, optimizer, bf16)
-        if why is not None:
-            logger.info("TorchNano.setup: IPEX not applied (%s)", why)
 
 
 def _group_value(name: str, alone: int) -> int:
