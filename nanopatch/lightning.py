@@ -8,8 +8,9 @@ meaning and defaults:
   its share of the physical cores (the runner's split, or ``cpu_for_each_process``) with as
   many threads as it has cores.
 * ``cpu_for_each_process=None``: a list of N CPU lists, one per process.
-* ``use_ipex=False``: ``ipex.optimize`` on the model and optimizer (nanopatch's training
-  engine; with ``precision='bf16'`` IPEX's bf16 path).
+* ``use_ipex=False``: ``ipex.optimize`` on the LightningModule and its optimizers before
+  training (with N processes, in each before DDP wraps it); with ``precision='bf16'`` IPEX's
+  bf16 weights under Lightning's ``bf16-mixed`` autocast.
 * ``precision``: Lightning's values, and ``'bf16'`` (Lightning's ``'bf16-mixed'``).
 * ``channels_last=False``: channels-last weights and inputs (nanopatch's training engine).
 * ``auto_lr=True``: with N processes, the learning rate each optimizer step uses is warmed up
@@ -133,26 +134,33 @@ def lightning_precision(precision: Any, use_ipex: bool) -> tuple[Any, bool]:
         return precision, False
     if not native_bf16_or_warn(precision, "trainer-bf16", " (BigDL-Nano's fallback)"):
         return "32-true", False
-    if use_ipex:
-        return "32-true", True  # IPEX's bf16 path: nanopatch's autocast with ipex.optimize(dtype=bf16)
-    return "bf16-mixed", False
+    # with IPEX: ipex.optimize(dtype=bf16) too; Lightning's autocast covers every step (validation
+    # and prediction included), which IPEX's bf16 weights need
+    return "bf16-mixed", bool(use_ipex)
 
 
-def ipex_before_training(model: Any, optimizers: Sequence[Any], bf16: bool, who: str) -> None:
+def _ipex_usable() -> bool:
+    from .config import ipex_compatibility
+
+    return ipex_compatibility()[0]
+
+
+def ipex_before_training(model: Any, optimizers: Sequence[Any], bf16: bool, who: str) -> bool:
     """``ipex.optimize`` the model with each optimizer before training starts, where the
     engine's search would find the model too late (inside ``optimizer.step(closure)``) or
     already wrapped (by Fabric). A missing or mismatched IPEX was warned about when the option
-    was resolved."""
-    from .config import ipex_compatibility
-
-    if not ipex_compatibility()[0]:
-        return
+    was resolved. Returns whether IPEX optimized the model."""
+    if not _ipex_usable():
+        return False
     from .training.discovery import ipex_ahead
 
+    applied = False
     for optimizer in optimizers:
         why = ipex_ahead(model, optimizer, bf16)
         if why is not None:
             logger.info("%s: IPEX not applied before training (%s)", who, why)
+        applied = applied or why is None
+    return applied
 
 
 def engine_options(bf16: bool, channels_last: bool, ipex: bool, force: bool = False) -> dict[str, Any] | None:
@@ -172,16 +180,16 @@ def engine_options(bf16: bool, channels_last: bool, ipex: bool, force: bool = Fa
     }
 
 
-def warn_if_ipex_unused(where: str) -> None:
+def warn_if_ipex_unused(where: str, applied_ahead: bool) -> None:
     """After a run with ``use_ipex=True`` (still patched): one warning when a usable IPEX
-    optimized no model, with the engine's reasons (the model was found inside
-    ``optimizer.step(closure)``, or already wrapped in DDP). A missing or mismatched IPEX was
-    warned about when the option was resolved."""
-    from .config import ipex_compatibility
+    optimized no model, neither before training (``applied_ahead``) nor through the engine's
+    search (with its reasons: the model was found inside ``optimizer.step(closure)``, or
+    already wrapped in DDP). A missing or mismatched IPEX was warned about when the option was
+    resolved."""
     from .training import plan as training_plan
 
-    if not ipex_compatibility()[0]:
-        return  # said already, when the option was resolved
+    if applied_ahead or not _ipex_usable():
+        return  # applied; or said already, when the option was resolved
     with training_plan.lock:
         plans = list(training_plan.plans.values())
     if any(p.ipex for p in plans):
@@ -242,6 +250,7 @@ class LrWarmup:
         self.steps_per_epoch = 1
         self.step = 0
         self._handles: list[Any] = []
+        self._covered: list[tuple[Any, Any, Any]] = []  # (optimizer, its own step, the step covering it)
         self._saved: dict[int, list[float]] = {}
 
     def factor(self) -> float:
@@ -252,13 +261,32 @@ class LrWarmup:
     def attach(self, optimizers: Sequence[Any], steps_per_epoch: int) -> None:
         self.steps_per_epoch = max(1, steps_per_epoch)
         for optimizer in optimizers:
-            self._handles.append(optimizer.register_step_pre_hook(self._pre))
-            self._handles.append(optimizer.register_step_post_hook(self._post))
+            own = optimizer.__dict__.get("step")
+            if own is None:
+                self._handles.append(optimizer.register_step_pre_hook(self._pre))
+                self._handles.append(optimizer.register_step_post_hook(self._post))
+            else:  # IPEX's fused step, an instance attribute: torch's step hooks never see it
+                self._covered.append((optimizer, own, self._cover(optimizer, own)))
+
+    def _cover(self, optimizer: Any, own: Any) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self._pre(optimizer, args, kwargs)
+            try:
+                return own(*args, **kwargs)
+            finally:
+                self._post(optimizer, args, kwargs)
+
+        optimizer.step = step
+        return step
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for optimizer, own, step in self._covered:
+            if optimizer.__dict__.get("step") is step:
+                optimizer.step = own
+        self._covered.clear()
 
     def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         f = self.factor()
@@ -294,10 +322,12 @@ def _build(package: str) -> type:
     class PinnedDDPStrategy(strategies.DDPStrategy):
         """Lightning's DDP over gloo, each process pinned to its CPU set before it trains."""
 
-        def __init__(self, groups: Sequence[Sequence[int]], **kwargs: Any) -> None:
+        def __init__(self, groups: Sequence[Sequence[int]], ipex_bf16: bool | None = None, **kwargs: Any) -> None:
             super().__init__(process_group_backend="gloo", **kwargs)
             self._groups = [tuple(g) for g in groups]
             self._pinning: _Pinning | None = None
+            self._ipex_bf16 = ipex_bf16  # None: no IPEX; else IPEX before DDP wraps the module, in bf16 or not
+            self._optimizers_built = False
             self.before_fit: tuple[set[int], int] | None = None  # set by the Trainer as a run starts
 
         def setup_environment(self) -> None:
@@ -305,6 +335,23 @@ def _build(package: str) -> type:
             self._pinning.apply()
             super().setup_environment()
             _destroy_group_at_exit()
+
+        def _setup_model(self, model: Any) -> Any:
+            """IPEX replaces the module's weights, so it goes before DDP registers its hooks on
+            them; its optimizers must exist for that, so Lightning builds them here, once."""
+            if self._ipex_bf16 is not None and isinstance(model, pl.LightningModule):
+                super().setup_optimizers(model.trainer)
+                self._optimizers_built = True
+                optimizers = [getattr(o, "_optimizer", o) for o in self.optimizers]
+                if ipex_before_training(model, optimizers, self._ipex_bf16, "Trainer"):
+                    model.trainer.ipex_applied = True
+            return super()._setup_model(model)
+
+        def setup_optimizers(self, trainer: Any) -> None:
+            if self._optimizers_built:  # built before DDP wrapped the module (IPEX)
+                self._optimizers_built = False
+                return
+            super().setup_optimizers(trainer)
 
         def teardown(self) -> None:
             super().teardown()
@@ -336,7 +383,8 @@ def _build(package: str) -> type:
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             optimizers = [getattr(o, "_optimizer", o) for o in trainer.optimizers]
-            ipex_before_training(pl_module, optimizers, self.bf16, "Trainer")
+            if ipex_before_training(pl_module, optimizers, self.bf16, "Trainer"):
+                trainer.ipex_applied = True
 
     class Trainer(pl.Trainer):
         def __init__(
@@ -361,7 +409,8 @@ def _build(package: str) -> type:
                     raise ValueError(
                         f"num_processes={num_processes} trains on the CPU, not accelerator={accelerator!r}"
                     )
-                kwargs["strategy"] = PinnedDDPStrategy(groups)
+                ipex_ok = use_ipex and _ipex_usable()
+                kwargs["strategy"] = PinnedDDPStrategy(groups, ipex_bf16=engine_bf16 if ipex_ok else None)
                 kwargs["devices"] = num_processes
                 if auto_lr:
                     kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), WarmupCallback(num_processes)]
@@ -373,11 +422,9 @@ def _build(package: str) -> type:
                 "auto_lr": auto_lr,
             }
             self._engine = engine_options(engine_bf16, channels_last, use_ipex)
-            if use_ipex and groups is None:
-                from .config import ipex_compatibility
-
-                if ipex_compatibility()[0]:
-                    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), IpexAhead(engine_bf16)]
+            self.ipex_applied = False  # whether IPEX optimized the module before training
+            if use_ipex and groups is None and _ipex_usable():
+                kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), IpexAhead(engine_bf16)]
             super().__init__(*args, **kwargs)
 
         @contextlib.contextmanager
@@ -393,7 +440,7 @@ def _build(package: str) -> type:
             with _patching.patched(**self._engine):
                 yield
                 if self._engine["ipex"] and self.state.fn == "fit":
-                    warn_if_ipex_unused("Trainer")
+                    warn_if_ipex_unused("Trainer", self.ipex_applied)
 
         @staticmethod
         def compile(model: Any, loss: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:

@@ -90,6 +90,7 @@ class TorchNano:
         self._fabric_precision = fabric_precision
         self._engine = engine_options(engine_bf16, channels_last, use_ipex)
         self._fabric: Any = None
+        self._ipex_applied = False  # whether IPEX optimized the model in setup
         self._warmups: list[LrWarmup] = []
 
     # --- what train() calls ---
@@ -105,8 +106,10 @@ class TorchNano:
         return (model, *optimizers, *loaders)
 
     def _set_up(self, model: Any, optimizers: Sequence[Any], loaders: Sequence[Any]) -> tuple[Any, list, list]:
-        if self._engine is not None and self._engine["ipex"] and optimizers and self.num_processes == 1:
-            ipex_before_training(model, optimizers, self._engine["bf16"], "TorchNano.setup")
+        if self._engine is not None and self._engine["ipex"] and optimizers:
+            # before anything wraps the model (IPEX replaces its weights, which DDP hooks)
+            if ipex_before_training(model, optimizers, self._engine["bf16"], "TorchNano.setup"):
+                self._ipex_applied = True
         fabric = self._fabric
         if fabric is None:  # one process, or nanopatch's own processes: its engine wraps the model in DDP
             if self.num_processes > 1:
@@ -183,7 +186,7 @@ class TorchNano:
         with _patching.patched(**options):
             yield
             if options["ipex"]:
-                warn_if_ipex_unused(type(self).__name__)
+                warn_if_ipex_unused(type(self).__name__, self._ipex_applied)
 
 
 def _group_value(name: str, alone: int) -> int:

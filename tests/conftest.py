@@ -122,7 +122,8 @@ def machine(monkeypatch):
 def run_rank_script(script: str, out: Path, *args: str, cwd: Path, timeout: float = 300) -> dict[int, dict]:
     """Run ``script OUT args...``, which writes ``OUT/rank<N>.json`` (with a ``rank`` key) and
     ``OUT/rank<N>.pt`` (weights) per training process: each report by rank, weights under
-    ``"weights"``. Fails with the script's output when it exits non-zero."""
+    ``"weights"``; what the run printed goes to ``OUT/output.txt``. Fails with the script's
+    output when it exits non-zero."""
     import json
 
     import torch
@@ -130,6 +131,7 @@ def run_rank_script(script: str, out: Path, *args: str, cwd: Path, timeout: floa
     out.mkdir()
     proc = run_python([script, str(out), *args], cwd=cwd, env=child_env(), timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    (out / "output.txt").write_text(proc.stdout + proc.stderr)
     reports = {}
     for path in sorted(out.glob("rank*.json")):
         report = json.loads(path.read_text())

@@ -97,9 +97,29 @@ def test_precision_mapping_on_a_bf16_cpu(monkeypatch):
     facts = dataclasses.replace(cpu.host_facts(), native_bf16=True)
     monkeypatch.setattr(nano_lightning.cpu, "host_facts", lambda: facts)
     assert nano_lightning.lightning_precision("bf16", use_ipex=False) == ("bf16-mixed", False)
-    assert nano_lightning.lightning_precision("bf16", use_ipex=True) == ("32-true", True)  # IPEX's bf16 path
+    assert nano_lightning.lightning_precision("bf16", use_ipex=True) == ("bf16-mixed", True)  # and IPEX's bf16 weights
     assert nano_lightning.lightning_precision("32-true", use_ipex=True) == ("32-true", False)
     assert nano_lightning.lightning_precision(32, use_ipex=False) == (32, False)
+
+
+def test_lr_warmup_covers_an_instance_level_step():
+    """IPEX gives the optimizer a fused ``step`` of its own, which torch's step hooks never see:
+    the warm-up covers it, and gives it back on detach."""
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    used = []
+
+    def fused_step(closure=None):
+        used.append(optimizer.param_groups[0]["lr"])
+
+    optimizer.step = fused_step
+    warmup = nano_lightning.LrWarmup(2)
+    warmup.attach([optimizer], steps_per_epoch=2)
+    for _ in range(3):
+        optimizer.step()
+    assert used == pytest.approx([0.15, 0.2, 0.2]) and optimizer.param_groups[0]["lr"] == 0.1
+    warmup.detach()
+    assert optimizer.step is fused_step
 
 
 def test_lr_warmup_scales_each_step_and_gives_the_scheduler_its_own_value():

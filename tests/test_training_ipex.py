@@ -247,3 +247,54 @@ def test_torchnano_use_ipex_optimizes_the_model_before_fabric_wraps_it(tmp_path)
     (line,) = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert "IPEX" in line and "IPEX not used" not in line and "computed in bfloat16" in line, line
     assert "use_ipex=True, but IPEX optimized no model" not in proc.stderr
+
+
+TWO_CORES = len(nanopatch.cpu.host_facts().cores) >= 2
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="two processes need two physical cores")
+@pytest.mark.parametrize("api", ["trainer", "torchnano", "decorated", "torchnano-no-fabric", "decorated-no-fabric"])
+def test_use_ipex_with_two_processes(tmp_path, api):
+    """``use_ipex`` with ``num_processes=2``: IPEX optimizes the model and its optimizer in each
+    process before DDP wraps it (Lightning's DDP, Fabric's, or nanopatch's own), in bf16, and the
+    ranks still train one model with the warmed-up learning rate."""
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_IPEX") != "1":
+        pytest.importorskip("lightning")
+    from conftest import TESTS_DIR, run_rank_script
+
+    bf16 = nanopatch.cpu.host_facts().native_bf16
+    args = ["--num-processes", "2", "--precision", "bf16", "--channels-last", "--use-ipex"]
+    out = tmp_path / "out"
+    if api == "trainer":
+        ranks = run_rank_script(str(TESTS_DIR / "data" / "nano_trainer.py"), out, *args, cwd=tmp_path, timeout=600)
+        lrs = [r["step_lrs"] for r in ranks.values()]
+        expected = [0.015, 0.02, 0.02, 0.02]  # 0.01 warmed up to 2x over the first epoch's 2 steps
+    else:
+        name, _, no_fabric = api.partition("-")
+        args += ["--no-fabric"] if no_fabric else []
+        script = str(TESTS_DIR / "data" / "nano_loop.py")
+        ranks = run_rank_script(script, out, name, *args, cwd=tmp_path, timeout=600)
+        lrs = [r["lrs"] for r in ranks.values()]
+        expected = [0.0625, 0.075, 0.0875] + [0.1] * 5  # 0.05 warmed up to 2x over 4 steps
+    output = (out / "output.txt").read_text()
+    assert "IPEX optimized no model" not in output and "IPEX not used" not in output, output
+    assert sorted(ranks) == [0, 1]
+    for report in ranks.values():
+        assert report["first_conv"].startswith("intel_extension_for_pytorch."), report["first_conv"]
+        assert set(report["dtypes"]) == {"torch.bfloat16" if bf16 else "torch.float32"}
+        assert set(report["channels_last"]) == {True}
+    for used in lrs:
+        assert used == pytest.approx(expected)
+    for key, value in ranks[0]["weights"].items():
+        if "running_" not in key and "num_batches" not in key:
+            assert torch.equal(value, ranks[1]["weights"][key]), key
+    if api == "trainer":
+        # IPEX gives fp32 master weights back from the module it optimized (the LightningModule),
+        # not from its children; Lightning's checkpoint (rank 0's, one) is the former's
+        (checkpoint,) = (out / "ckpt").iterdir()
+        state = torch.load(checkpoint, weights_only=False)["state_dict"]
+        assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float32}
+        stock = torchvision.models.resnet18(num_classes=4)
+        stock.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    else:
+        assert {v.dtype for v in ranks[0]["weights"].values() if v.is_floating_point()} == {torch.float32}

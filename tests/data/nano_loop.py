@@ -1,6 +1,7 @@
 """BigDL-Nano custom loops: a TorchNano subclass, and a function decorated with @nano.
 
     python nano_loop.py OUT (torchnano|decorated) [--num-processes N] [--precision bf16] [--channels-last]
+        [--use-ipex] [--no-fabric]
 
 Each process that trains writes OUT/rank<N>.json: what the first convolution saw (dtype,
 channels-last input), its affinity and threads, the learning rates the steps used and its
@@ -42,18 +43,22 @@ def probe(model, seen):
             seen["dtypes"].append(str(output.dtype))
             seen["channels_last"].append(inputs[0].is_contiguous(memory_format=torch.channels_last))
 
-    model[0].register_forward_hook(hook)
+    model[1 if ARGS.use_ipex else 0].register_forward_hook(hook)  # IPEX swaps the convolution for its own
 
 
 def training_loop(model, optimizer, loader, backward, seen, epochs=2):
-    optimizer.register_step_pre_hook(lambda opt, a, k: seen["lrs"].append(opt.param_groups[0]["lr"]))
     losses = []
     for _ in range(epochs):
         for x, y in loader:
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
             backward(loss)
-            optimizer.step()
+
+            def closure(loss=loss):  # runs inside the step: the learning rate the step uses
+                seen["lrs"].append(optimizer.param_groups[0]["lr"])
+                return loss
+
+            optimizer.step(closure)
             losses.append(loss.item())
     seen["affinity"] = sorted(os.sched_getaffinity(0))
     seen["threads"] = torch.get_num_threads()
@@ -61,6 +66,8 @@ def training_loop(model, optimizer, loader, backward, seen, epochs=2):
 
 
 def report(out, rank, model, seen):
+    first = type(model[0])  # IPEX's own class once it optimized the model
+    seen = dict(seen, first_conv=f"{first.__module__}.{first.__qualname__}")
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, f"rank{rank}.pt"))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(seen, rank=rank, pid=os.getpid()), f)
@@ -89,6 +96,7 @@ def parse(argv=None):
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--precision", default="32")
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--use-ipex", action="store_true")
     parser.add_argument("--no-fabric", action="store_true", help="as if Lightning were not installed")
     return parser.parse_args(argv)
 
@@ -96,7 +104,12 @@ def parse(argv=None):
 ARGS = parse()  # at import: spawned processes import this file again, with the same sys.argv
 if ARGS.no_fabric:
     nanopatch.torch_nano.fabric_available = lambda: False
-SWITCHES = {"num_processes": ARGS.num_processes, "precision": ARGS.precision, "channels_last": ARGS.channels_last}
+SWITCHES = {
+    "num_processes": ARGS.num_processes,
+    "precision": ARGS.precision,
+    "channels_last": ARGS.channels_last,
+    "use_ipex": ARGS.use_ipex,
+}
 
 
 @nanopatch.nano(**SWITCHES)

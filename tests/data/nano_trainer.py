@@ -1,7 +1,7 @@
 """A BigDL-Nano style script: a LightningModule wrapping a torchvision ResNet, ``self.model(x)`` in
 ``training_step``, trained with ``nanopatch.lightning.Trainer`` and BigDL-Nano's switches.
 
-    python nano_trainer.py OUT [--num-processes N] [--precision bf16] [--channels-last] [--no-auto-lr]
+    python nano_trainer.py OUT [--num-processes N] [--precision bf16] [--channels-last] [--no-auto-lr] [--use-ipex]
 
 Each rank writes OUT/rank<N>.json: what the first convolution saw (dtype, channels-last input),
 its CPU affinity and threads during training, the learning rate each optimizer step used, and
@@ -20,11 +20,12 @@ from nanopatch.lightning import Trainer
 
 
 class Classifier(L.LightningModule):
-    def __init__(self):
+    def __init__(self, probe_after_conv=False):
         super().__init__()
         self.model = torchvision.models.resnet18(num_classes=4)
-        self.seen = {"dtypes": [], "channels_last": [], "lrs": [], "affinity": None, "threads": None}
-        self.model.conv1.register_forward_hook(self._probe)
+        self.seen = {"dtypes": [], "channels_last": [], "lrs": [], "step_lrs": [], "affinity": None, "threads": None}
+        # IPEX swaps the convolution for its own: probe what follows it then
+        (self.model.bn1 if probe_after_conv else self.model.conv1).register_forward_hook(self._probe)
 
     def _probe(self, module, inputs, output):
         if self.training:
@@ -34,6 +35,8 @@ class Classifier(L.LightningModule):
     def training_step(self, batch, _):
         x, y = batch
         loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        # Lightning runs this inside optimizer.step(closure): the learning rate the step uses
+        self.seen["step_lrs"].append(self.trainer.optimizers[0].param_groups[0]["lr"])
         self.seen["affinity"] = sorted(os.sched_getaffinity(0))
         self.seen["threads"] = torch.get_num_threads()
         return loss
@@ -51,20 +54,6 @@ class Classifier(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
 
-class LrAtStep(L.Callback):
-    """The learning rate the optimizer really used: read inside the step, by a pre-hook registered
-    after the Trainer's own (hooks run in the order they were registered)."""
-
-    handle = None
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        def pre(optimizer, args, kwargs):
-            module.seen.setdefault("step_lrs", []).append(optimizer.param_groups[0]["lr"])
-
-        if self.handle is None:
-            self.handle = trainer.optimizers[0].register_step_pre_hook(pre)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -72,28 +61,32 @@ def main():
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--no-auto-lr", action="store_true")
+    parser.add_argument("--use-ipex", action="store_true")
     parser.add_argument("--batches", type=int, default=4)
     args = parser.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * args.batches, 3, 32, 32), torch.randint(0, 4, (8 * args.batches,)))
-    module = Classifier()
+    module = Classifier(probe_after_conv=args.use_ipex)
     trainer = Trainer(
         num_processes=args.num_processes,
         precision=args.precision,
         channels_last=args.channels_last,
         auto_lr=not args.no_auto_lr,
+        use_ipex=args.use_ipex,
         max_epochs=2,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=args.out,
-        callbacks=[LrAtStep(), L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"))],
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"))],
     )
     trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True))
     validated = trainer.validate(module, DataLoader(data, batch_size=8), verbose=False)  # after fit, as users do
     rank = trainer.global_rank
     torch.save(module.model.state_dict(), os.path.join(args.out, f"rank{rank}.pt"))
+    first_conv = type(module.model.conv1)  # IPEX's own class once it optimized the model
     report = dict(module.seen, rank=rank, world=trainer.world_size, pid=os.getpid(), val_loss=validated[0]["val_loss"])
+    report["first_conv"] = f"{first_conv.__module__}.{first_conv.__qualname__}"
     report["after_fit"] = {"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
