@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+import weakref
 
 logger = logging.getLogger("nanopatch")
 logger.addHandler(logging.NullHandler())
@@ -19,28 +20,35 @@ class NanopatchWarning(UserWarning):
 
 
 _said: set[str] = set()
+_said_about: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # object -> its keys said
 _said_lock = threading.Lock()
 
 
-def _first_time(key: str) -> bool:
+def _first_time(key: str, about: object = None) -> bool:
+    """Whether ``key`` (for the object ``about``, when given) was not said before. Keys about an
+    object live as long as it does: a new object never inherits a silenced message through a
+    recycled ``id``, and the record does not grow with every model a process ever built."""
     with _said_lock:
-        if key in _said:
+        said = _said if about is None else _said_about.setdefault(about, set())
+        if key in said:
             return False
-        _said.add(key)
+        said.add(key)
         return True
 
 
-def log_once(key: str, message: str, *args: object, level: int = logging.INFO) -> bool:
-    """Log ``message`` under ``key`` unless that key was logged before; True if it was logged now."""
-    if not _first_time(key):
+def log_once(key: str, message: str, *args: object, level: int = logging.INFO, about: object = None) -> bool:
+    """Log ``message`` under ``key`` (per object ``about``, when given) unless that was logged
+    before; True if it was logged now."""
+    if not _first_time(key, about):
         return False
     logger.log(level, message, *args)
     return True
 
 
-def warn_once(key: str, message: str, stacklevel: int = 2) -> bool:
-    """Issue a :class:`NanopatchWarning` (and log it) once per process for ``key``."""
-    if not _first_time(key):
+def warn_once(key: str, message: str, stacklevel: int = 2, about: object = None) -> bool:
+    """Issue a :class:`NanopatchWarning` (and log it) once per process for ``key`` (per object
+    ``about``, when given)."""
+    if not _first_time(key, about):
         return False
     logger.warning(message)
     warnings.warn(message, NanopatchWarning, stacklevel=stacklevel + 1)

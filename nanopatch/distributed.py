@@ -407,11 +407,12 @@ def _average_uncovered(optimizer: Any, first: bool) -> None:
         return
     if first:
         log_once(
-            f"uncovered-{id(optimizer)}",
+            "uncovered",
             "%s: %d parameter(s) outside a model nanopatch wrapped in DistributedDataParallel; "
             "their gradients are averaged across processes before each step",
             type(optimizer).__name__,
             len(params),
+            about=optimizer,
         )
         with torch.no_grad():
             for p in params:

@@ -79,7 +79,10 @@ def fresh_log_once(monkeypatch):
     """Forget which one-time messages were already said, so a test can see them."""
     from nanopatch import _log
 
+    import weakref
+
     monkeypatch.setattr(_log, "_said", set())
+    monkeypatch.setattr(_log, "_said_about", weakref.WeakKeyDictionary())
 
 
 @pytest.fixture(scope="session")

@@ -211,6 +211,27 @@ def test_fallbacks_are_logged_once_per_process(demo, caplog, fresh_log_once, mon
     assert messages == ["IPEX off: intel-extension-for-pytorch is not installed"]
 
 
+def test_messages_about_an_object_are_said_once_per_object_and_forgotten_with_it(caplog, fresh_log_once):
+    """A message about a model or optimizer is said once for that object: a new object (which
+    may get a dead one's id) hears it again, and the record dies with the object."""
+    import gc
+
+    import torch
+
+    from nanopatch import _log
+
+    caplog.set_level(logging.INFO, logger="nanopatch")
+    said = []
+    for _ in range(3):
+        model = torch.nn.Linear(1, 1)
+        said.append(_log.log_once("stock", "model runs stock", about=model))
+        said.append(_log.log_once("stock", "model runs stock", about=model))
+        del model
+        gc.collect()
+    assert said == [True, False] * 3
+    assert len(caplog.records) == 3 and len(_log._said_about) == 0
+
+
 def test_scope_validates_options_up_front():
     with pytest.raises(ValueError, match="'compile'"):
         nanopatch.patched(compile="fastest")

@@ -142,7 +142,7 @@ def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
     reason = _stock_reason(module, optimizer)
     if reason is not None:
         plan.stock = reason
-        log_once(f"stock-{id(module)}", "%s runs stock: %s", plan.name, reason)
+        log_once("stock", "%s runs stock: %s", plan.name, reason, about=module)
         return plan
     with busy():
         try:
@@ -150,7 +150,7 @@ def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
         except Exception as exc:
             uninstall(module, plan)
             plan.stock = f"nanopatch failed to set it up ({type(exc).__name__}: {exc})"
-            log_once(f"stock-{id(module)}", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING)
+            log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
     return plan
 
 
@@ -231,7 +231,7 @@ def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, b
         why = ipex.why_not(model, optimizer, lib)
     if why is not None:
         plan.notes.append(f"IPEX not used: {why}")
-        log_once(f"ipex-skip-{id(module)}", "%s: IPEX not used (%s); native path", plan.name, why)
+        log_once("ipex-skip", "%s: IPEX not used (%s); native path", plan.name, why, about=module)
         return
     ipex.optimize(model, optimizer, bf16)
     plan.ipex = True
@@ -264,9 +264,10 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
         plan.installed = False
         fw.uninstall_heads(plan)
         warn_once(
-            f"ipex-kept-{id(module)}",
+            "ipex-kept",
             f"{plan.name} was optimized by IPEX in bf16, which cannot be undone: after unpatch it "
             "keeps running under bf16 autocast (outputs in fp32)",
+            about=module,
         )
         return
     fw.uninstall(module, plan)
@@ -484,10 +485,11 @@ def _conclude(optimizer: Any) -> None:
     if accelerated:
         if entry.params != optimizer_params(optimizer):
             log_once(
-                f"partly-{id(optimizer)}",
+                "partly",
                 "%s: %d of its parameters belong to no module called in grad mode; they train as they are",
                 type(optimizer).__name__,
                 len(entry.params),
+                about=optimizer,
             )
         return
     if not _anything_to_do():
@@ -503,7 +505,7 @@ def _conclude(optimizer: Any) -> None:
             "or switch the patch off for this script (training=False)"
         )
     unaccelerated.append({"optimizer": name, "reason": why})
-    warn_once(f"unaccelerated-{id(optimizer)}", f"nanopatch accelerated no model for {name}: {why}; {advice}")
+    warn_once("unaccelerated", f"nanopatch accelerated no model for {name}: {why}; {advice}", about=optimizer)
 
 
 def _check_running(optimizer: Any, watch: _Watch) -> None:
@@ -523,9 +525,10 @@ def _check_running(optimizer: Any, watch: _Watch) -> None:
         why = f"the accelerated forward of {names} did not run in the last {SILENT_STEPS} steps of {watch.name}"
         unaccelerated.append({"optimizer": watch.name, "reason": why})
         warn_once(
-            f"silent-{id(optimizer)}",
+            "silent",
             f"nanopatch: {why}; the model is trained through another path (e.g. model.forward(...) "
             "called directly, or a compiled copy), which runs stock",
+            about=optimizer,
         )
 
 

@@ -192,7 +192,7 @@ def finish(module: nn.Module, plan: Plan, out: Any, dtype: torch.dtype) -> Any:
             plan.amp_dtype = None
             plan.notes.append(f"bf16 autocast off: its forward returns {exc}, which nanopatch cannot cast to fp32")
         log_once(
-            f"uncastable-{id(module)}",
+            "uncastable",
             "%s returns %s, which nanopatch cannot cast back to fp32; %s",
             plan.name,
             exc,
@@ -200,6 +200,7 @@ def finish(module: nn.Module, plan: Plan, out: Any, dtype: torch.dtype) -> Any:
             if not plan.ipex
             else "its outputs may hold bf16 tensors (IPEX bf16 needs autocast)",
             level=logging.WARNING,
+            about=module,
         )
         return out
 
@@ -234,9 +235,10 @@ def _compile_failed(module: nn.Module, plan: Plan, exc: BaseException) -> None:
     plan.compiled = None
     plan.notes.append(f"torch.compile failed ({type(exc).__name__}); eager")
     warn_once(
-        f"compile-{id(module)}",
+        "compile",
         f"torch.compile of {plan.name} failed ({type(exc).__name__}: {exc}); it runs eagerly",
         stacklevel=3,
+        about=module,
     )
 
 
