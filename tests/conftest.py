@@ -77,9 +77,9 @@ def run_python(
 @pytest.fixture
 def fresh_log_once(monkeypatch):
     """Forget which one-time messages were already said, so a test can see them."""
-    from nanopatch import _log
-
     import weakref
+
+    from nanopatch import _log
 
     monkeypatch.setattr(_log, "_said", set())
     monkeypatch.setattr(_log, "_said_about", weakref.WeakKeyDictionary())
