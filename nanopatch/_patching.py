@@ -7,8 +7,14 @@
   :func:`replace`, :func:`replace_everywhere` or :func:`wrap` here, which record the raw
   original (read from ``__dict__``, so a ``staticmethod`` stays a ``staticmethod``) exactly
   once per target and attribute.
+* Every other change a target makes, at patch time or later while it is applied, is an
+  entry of the same journal: an attribute of one of the user's objects (:func:`set_on`: a
+  model's ``forward``, a DataLoader's sampler; held weakly, forgotten with the object), a hook
+  handle (:func:`add_hook`), or a setting with its own undo (:func:`on_undo`: an optimizer's
+  step flags, OpenCV's thread count). ``status()`` lists them per target.
 * Undo replays the journal in reverse (LIFO), so after :func:`unpatch_torch` every patched
-  attribute ``is`` its original again and attributes that did not exist are deleted.
+  attribute ``is`` its original again, attributes that did not exist are deleted, and no
+  hook or setting of nanopatch's is left.
 * A target whose module is not imported yet is applied by a wrapt post-import hook when it
   is, so patching works in either import order.
 
@@ -20,10 +26,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import importlib
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
@@ -84,41 +92,148 @@ def raw_attribute(owner: Any, name: str) -> Any:
     return getattr(owner, name, NOTSET)
 
 
+@dataclasses.dataclass(eq=False)
+class Change:
+    """A change made while a target is applied, outside module and class attributes: an
+    attribute of one of the user's objects (a model's ``forward``, a DataLoader's sampler),
+    a hook handle, or a setting with its own undo. ``undo`` puts it back."""
+
+    target: str
+    where: str
+    undo: Callable[[], None]
+    key: tuple[Any, ...] | None = None  # (id(obj), name) for an object's attribute
+
+
+def _set_raw(obj: Any, name: str, value: Any) -> None:
+    """Set or (``NOTSET``) delete ``obj.name`` in the instance's own ``__dict__``, past any
+    ``__setattr__`` of its class (``nn.Module``'s, ``DataLoader``'s refusal after init)."""
+    if value is NOTSET:
+        obj.__dict__.pop(name, None)
+    else:
+        object.__setattr__(obj, name, value)
+
+
+def _call_keeping(undo: Callable[[], None], keep: Any) -> None:
+    """``undo()``; ``keep`` (the owner's weak reference, whose callback forgets the change) is
+    only held alive by this partial."""
+    undo()
+
+
 class Journal:
-    """Originals recorded once per (target, owner, attribute), undone last-in first-out."""
+    """Originals recorded once per (target, owner, attribute), and every other change a
+    target made; undone last-in first-out."""
 
     def __init__(self) -> None:
-        self._records: list[Record] = []
-        self._index: dict[tuple[str, int, str], Record] = {}
+        self._records: list[Record | Change] = []
+        self._index: dict[tuple[Any, ...], Record | Change] = {}
+        self._lock = threading.RLock()  # the lists only: never held while user code runs
 
     def replace(self, target: str, owner: Any, name: str, new: Any) -> None:
         key = (target, id(owner), name)
-        record = self._index.get(key)
-        if record is None:
-            record = Record(target, owner, name, raw_attribute(owner, name), new)
-            self._records.append(record)
-            self._index[key] = record
-        else:
-            record.replacement = new
+        with self._lock:
+            record = self._index.get(key)
+            if record is None:
+                record = Record(target, owner, name, raw_attribute(owner, name), new)
+                self._records.append(record)
+                self._index[key] = record
+            else:
+                record.replacement = new
         setattr(owner, name, new)
+
+    def set_on(self, target: str, obj: Any, name: str, value: Any) -> None:
+        """``obj.name = value`` on one of the user's objects, its own original recorded once.
+        The journal holds the object weakly where it can: a model that is dropped is not kept
+        alive by nanopatch, and its entry goes with it."""
+        key = (target, id(obj), name)
+        with self._lock:
+            if key not in self._index:
+                original = obj.__dict__.get(name, NOTSET)
+                try:
+                    ref = weakref.ref(obj, lambda _: self._forget(key))
+                except TypeError:
+                    ref = lambda obj=obj: obj  # noqa: E731 - not weak-referenceable: held strongly
+
+                def undo() -> None:
+                    owner = ref()
+                    if owner is not None:
+                        _set_raw(owner, name, original)
+
+                change = Change(target, f"{type(obj).__name__}(at {id(obj):#x}).{name}", undo, key)
+                self._records.append(change)
+                self._index[key] = change
+        _set_raw(obj, name, value)
+
+    def add(self, change: Change, owner: Any = None) -> Change:
+        """Record ``change``; with ``owner``, it is forgotten (not undone) when the owner dies
+        (a hook or setting on an object that is gone needs no undo)."""
+        if owner is not None:
+            change.key = ("owned", id(change))
+            owner_ref = weakref.ref(owner, lambda _: self._forget(change.key))
+            change.undo = functools.partial(_call_keeping, change.undo, owner_ref)
+        with self._lock:
+            self._records.append(change)
+            if change.key is not None:
+                self._index[change.key] = change
+        return change
+
+    def _forget(self, key: tuple[Any, ...]) -> Record | Change | None:
+        with self._lock:
+            entry = self._index.pop(key, None)
+            if entry is not None:
+                self._records = [r for r in self._records if r is not entry]
+            return entry
+
+    def restore_on(self, target: str, obj: Any, name: str) -> None:
+        """Undo ``set_on(target, obj, name, ...)`` now (nothing if there is none)."""
+        entry = self._forget((target, id(obj), name))
+        if entry is not None:
+            entry.undo()
+
+    def keep_on(self, target: str, obj: Any, name: str) -> None:
+        """Let ``obj.name`` outlive the patch: its entry is dropped without undoing it."""
+        self._forget((target, id(obj), name))
+
+    def discard(self, change: Change, undo: bool = True) -> None:
+        with self._lock:
+            found = any(r is change for r in self._records)
+            if found:
+                self._records = [r for r in self._records if r is not change]
+                if change.key is not None:
+                    self._index.pop(change.key, None)
+        if found and undo:
+            change.undo()
 
     def undo(self, target: str | None = None) -> None:
         """Restore the originals of ``target`` (or of every target), newest first."""
-        keep = []
-        for record in reversed(self._records):
-            if target is not None and record.target != target:
-                keep.append(record)
-                continue
-            if record.original is NOTSET:
+        with self._lock:
+            mine = [r for r in self._records if target is None or r.target == target]
+            self._records = [r for r in self._records if not (target is None or r.target == target)]
+            for record in mine:
+                if isinstance(record, Record):
+                    self._index.pop((record.target, id(record.owner), record.name), None)
+                elif record.key is not None:
+                    self._index.pop(record.key, None)
+        for record in reversed(mine):
+            if isinstance(record, Change):
+                try:
+                    record.undo()
+                except Exception:  # one failed undo must not leave the others in place
+                    logger.exception("nanopatch could not undo %s", record.where)
+            elif record.original is NOTSET:
                 with contextlib.suppress(AttributeError):
                     delattr(record.owner, record.name)
             else:
                 setattr(record.owner, record.name, record.original)
-            del self._index[(record.target, id(record.owner), record.name)]
-        self._records = keep[::-1]
 
     def records(self, target: str | None = None) -> list[Record]:
-        return [r for r in self._records if target is None or r.target == target]
+        """The module and class attributes replaced (by ``target``)."""
+        with self._lock:
+            return [r for r in self._records if isinstance(r, Record) and (target is None or r.target == target)]
+
+    def changes(self, target: str | None = None) -> list[Change]:
+        """Every other live change (of ``target``)."""
+        with self._lock:
+            return [r for r in self._records if isinstance(r, Change) and (target is None or r.target == target)]
 
 
 # --- the registry ---------------------------------------------------------------------
@@ -201,6 +316,42 @@ def current_target() -> str:
 def replace(owner: Any, name: str, new: Any) -> None:
     """Set ``owner.name = new``, recording the original for exact undo."""
     _journal.replace(_current_target(), owner, name, new)
+
+
+def set_on(target: str, obj: Any, name: str, value: Any) -> None:
+    """``obj.name = value`` on one of the user's objects (a model's ``forward``, a DataLoader's
+    sampler), by ``target`` at any time while it is applied: recorded once, undone when the
+    target is (or by :func:`restore_on`), the raw original put back or the attribute deleted."""
+    _journal.set_on(target, obj, name, value)
+
+
+def restore_on(target: str, obj: Any, name: str) -> None:
+    """Undo :func:`set_on` for ``obj.name`` now."""
+    _journal.restore_on(target, obj, name)
+
+
+def keep_on(target: str, obj: Any, name: str) -> None:
+    """Leave ``obj.name`` as :func:`set_on` set it, past the target's undo (what cannot be
+    undone: an IPEX bf16 model keeps its autocast forward)."""
+    _journal.keep_on(target, obj, name)
+
+
+def add_hook(target: str, handle: Any, where: str) -> Change:
+    """A hook handle (``torch.utils.hooks.RemovableHandle`` or anything with ``remove()``)
+    registered by ``target``: removed when the target is undone, or by :func:`discard`."""
+    return _journal.add(Change(target, where, handle.remove))
+
+
+def on_undo(target: str, undo: Callable[[], None], where: str, owner: Any = None) -> Change:
+    """Any other change ``target`` made (a library setting, an object's flags): ``undo`` runs
+    when the target is undone, or by :func:`discard`; a change to ``owner`` is forgotten when
+    the owner dies."""
+    return _journal.add(Change(target, where, undo), owner)
+
+
+def discard(change: Change, undo: bool = True) -> None:
+    """Undo one :func:`add_hook`/:func:`on_undo` change now (``undo=False``: only forget it)."""
+    _journal.discard(change, undo)
 
 
 def replace_everywhere(original: Any, new: Any, package: str) -> list[str]:
@@ -379,6 +530,11 @@ def is_patched() -> bool:
     return _active is not None
 
 
+def is_applied(target: str) -> bool:
+    """Whether the target named ``target`` is applied now."""
+    return target in _applied
+
+
 class _Scope(contextlib.ContextDecorator):
     """``patched(**options)`` / ``unpatched()``: set a state on entry, restore on exit.
 
@@ -468,6 +624,7 @@ def status() -> dict[str, Any]:
                 "state": state,
                 "detail": detail,
                 "attributes": [r.where for r in _journal.records(name)],
+                "changes": [c.where for c in _journal.changes(name)],
             }
             patcher = sys.modules.get(target.patcher)
             if state == "patched" and hasattr(patcher, "describe"):

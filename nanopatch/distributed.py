@@ -70,7 +70,8 @@ _ddps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's model -
 _candidates: weakref.WeakSet = weakref.WeakSet()  # sequential loaders, decided at iteration
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> steps taken
 _saved_lrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> lrs to restore
-_hooks: list[Any] = []
+#: the patch engine's name for this target (what its journal entries are filed under)
+TARGET = "distributed"
 _instance_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its own step
 
 
@@ -259,10 +260,11 @@ def _shard(loader: tud.DataLoader, shuffle: bool) -> None:
     with _internal():
         sampler = EpochDistributedSampler(loader.dataset, shuffle=shuffle, seed=seed)
     batches = tud.BatchSampler(sampler, loader.batch_sampler.batch_size, loader.batch_sampler.drop_last)
-    # DataLoader refuses these assignments after __init__; the loader has not iterated yet
-    # with them, and its length follows the batch sampler.
-    object.__setattr__(loader, "sampler", sampler)
-    object.__setattr__(loader, "batch_sampler", batches)
+    # DataLoader refuses these assignments after __init__ (the journal sets them past that, and
+    # puts the loader's own back at unpatch); the loader has not iterated yet with them, and
+    # its length follows the batch sampler.
+    _patching.set_on(TARGET, loader, "sampler", sampler)
+    _patching.set_on(TARGET, loader, "batch_sampler", batches)
     if _state.warmup_steps is None:
         _state.warmup_steps = max(1, len(batches))
     logger.info(
@@ -352,7 +354,7 @@ def _cover_instance_step(optimizer: Any) -> None:
         finally:
             _post_step(optimizer, args, kwargs)
 
-    optimizer.step = step
+    _patching.set_on(TARGET, optimizer, "step", step)
 
 
 def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False) -> tuple | None:
@@ -465,17 +467,16 @@ def patch(config: Any) -> None:
     _patching.wrap(tud.DistributedSampler, "__init__", _sampler_init)
     _patching.wrap(tud.DataLoader, "__init__", _loader_init)
     _patching.wrap(tud.DataLoader, "__iter__", _loader_iter)
-    _hooks.append(optimizer_mod.register_optimizer_step_pre_hook(_pre_step))
-    _hooks.append(optimizer_mod.register_optimizer_step_post_hook(_post_step))
+    for handle in (
+        optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
+        optimizer_mod.register_optimizer_step_post_hook(_post_step),
+    ):
+        _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (data-parallel)")
 
 
 def unpatch() -> None:
     global _config
     _config = None
-    while _hooks:
-        _hooks.pop().remove()
-    for optimizer, own in list(_instance_steps.items()):
-        optimizer.step = own
     _instance_steps.clear()
     _detach_all()
     _candidates.clear()

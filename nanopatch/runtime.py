@@ -448,15 +448,21 @@ def keep_children_unpinned(cpus: Sequence[int], environ: dict[str, str] | None =
     thread itself stays pinned: freed, the scheduler would put it beside a pinned worker."""
     environ = os.environ if environ is None else environ
     environ[CPUS_VARIABLE] = cpu_list_text(cpus)
-    wanted = set(cpus)
+    first = not _children_cpus
+    _children_cpus[:] = [set(cpus)]  # a later call (a rank after the runner) replaces the set
+    if first:  # at-fork handlers cannot be removed: one for the process, reading the current set
+        os.register_at_fork(after_in_child=_unpin_forked_child)
 
-    def restore() -> None:
+
+_children_cpus: list[set[int]] = []  # the CPU set forked children get back (keep_children_unpinned)
+
+
+def _unpin_forked_child() -> None:
+    if _children_cpus:
         try:
-            os.sched_setaffinity(0, wanted)
+            os.sched_setaffinity(0, _children_cpus[0])
         except OSError:
             pass
-
-    os.register_at_fork(after_in_child=restore)
 
 
 def unpin_started_child(environ: dict[str, str] | None = None) -> None:

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import distributed
+from .. import _patching, distributed
 from .._log import log_once, warn_once
 from . import forward as fw
 from . import ipex, optim
 from . import memory_format as mf
-from .plan import Plan, Trial, config, doubtful, local, lock, plans, tls
+from .plan import TARGET, Plan, Trial, config, doubtful, local, lock, plans, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -65,7 +65,7 @@ watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer ->
 unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothing to accelerate
 converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models made channels-last for DDP
 ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
-_hooks: list[Any] = []  # handles of the global forward hooks while searching
+_hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
 
 
 @contextlib.contextmanager
@@ -263,6 +263,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
         plan.compile_mode = False
         plan.installed = False
         fw.uninstall_heads(plan)
+        fw.keep(module)
         warn_once(
             "ipex-kept",
             f"{plan.name} was optimized by IPEX in bf16, which cannot be undone: after unpatch it "
@@ -362,8 +363,11 @@ def _start() -> None:
         return
     from torch.nn.modules import module as module_mod
 
-    _hooks.append(module_mod.register_module_forward_pre_hook(_discover_pre))
-    _hooks.append(module_mod.register_module_forward_hook(_discover_post, always_call=True))
+    for handle in (
+        module_mod.register_module_forward_pre_hook(_discover_pre),
+        module_mod.register_module_forward_hook(_discover_post, always_call=True),
+    ):
+        _hooks.append(_patching.add_hook(TARGET, handle, "torch.nn.modules.module: global forward hook (model search)"))
 
 
 def stop() -> None:
@@ -372,7 +376,7 @@ def stop() -> None:
     if tls("calls", []):
         return  # a discovered call is still running: its forward hook stops the search after it
     while _hooks:
-        _hooks.pop().remove()
+        _patching.discard(_hooks.pop())
 
 
 def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:

@@ -9,7 +9,8 @@ wrapper of a ``--nproc`` run) and hands the floating outputs back in fp32.
 rounds to exactly 1.0 and a ``BCELoss`` with target 0 then sees ``log(0)``; these run in fp32
 while nanopatch's autocast is on.
 
-Both live in the instance's ``__dict__`` only while patched. Pickles and deep copies never
+Both live in the instance's ``__dict__`` only while patched (set and undone through the patch
+engine's journal: :func:`nanopatch._patching.set_on`). Pickles and deep copies never
 carry them: ``nn.Module.__getstate__`` is wrapped to leave them out (:func:`module_getstate`),
 so ``torch.save(model)`` loads anywhere, and a copy runs the class's own forward.
 """
@@ -28,7 +29,7 @@ from .. import _patching, distributed
 from .._log import log_once, warn_once
 from . import amp
 from . import memory_format as mf
-from .plan import Plan, config, local, tls
+from .plan import TARGET, Plan, config, local, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -254,12 +255,12 @@ def install(module: nn.Module, plan: Plan) -> None:
         plan.previous_forward = current.previous
     else:
         plan.previous_forward = current
-        object.__setattr__(module, "forward", AcceleratedForward(module, plan))
+        _patching.set_on(TARGET, module, "forward", AcceleratedForward(module, plan))
     if plan.amp_dtype is not None and not plan.heads:
         for head in output_activations(module):
             if not isinstance(head.__dict__.get("forward"), Fp32Forward):
                 previous = head.__dict__.get("forward", _patching.NOTSET)
-                object.__setattr__(head, "forward", Fp32Forward(head, previous))
+                _patching.set_on(TARGET, head, "forward", Fp32Forward(head, previous))
                 plan.heads.append(head)
         if plan.heads:
             plan.notes.append(f"{len(plan.heads)} output activation(s) computed in fp32")
@@ -268,23 +269,19 @@ def install(module: nn.Module, plan: Plan) -> None:
 
 def uninstall_heads(plan: Plan) -> None:
     for head in plan.heads:
-        _remove(head, Fp32Forward)
+        _patching.restore_on(TARGET, head, "forward")
     plan.heads.clear()
 
 
 def uninstall(module: nn.Module, plan: Plan) -> None:
-    _remove(module, AcceleratedForward)
+    _patching.restore_on(TARGET, module, "forward")
     uninstall_heads(plan)
     plan.installed = False
 
 
-def _remove(module: nn.Module, kind: type) -> None:
-    current = module.__dict__.get("forward", _patching.NOTSET)
-    if isinstance(current, kind):
-        if current.previous is _patching.NOTSET:
-            del module.__dict__["forward"]
-        else:
-            object.__setattr__(module, "forward", current.previous)
+def keep(module: nn.Module) -> None:
+    """The model's accelerated forward stays on after unpatch (an IPEX bf16 model needs it)."""
+    _patching.keep_on(TARGET, module, "forward")
 
 
 def output_activations(model: nn.Module) -> list[nn.Module]:

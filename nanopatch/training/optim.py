@@ -9,11 +9,17 @@ flags unset. The flags are taken out of ``optimizer.state_dict()`` again (and pu
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+from .. import _patching
+from .plan import TARGET
 
 _FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
 _FOREACH = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop", "ASGD", "Adadelta")
-_FLAG = "_nanopatch_step_flags"
+#: optimizer -> (flag, indices of the groups changed, the journal's entry)
+_fast: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _cpu_fused_supported() -> bool:
@@ -58,9 +64,11 @@ def _eligible(group: dict, flag: str) -> bool:
 
 def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
     """Switch the optimizer's unset step flags to its fastest native path; returns the flag
-    set ("fused"/"foreach") or None when nothing changed."""
+    set ("fused"/"foreach") or None when nothing changed. The change (flags and the two
+    state-dict hooks) is an entry of the patch engine's journal: undone at unpatch, or by
+    :func:`restore_step`."""
     flag = choose_flag(optimizer)
-    if flag is None or getattr(optimizer, _FLAG, None) is not None:
+    if flag is None or optimizer in _fast:
         return None
     changed = [i for i, g in enumerate(optimizer.param_groups) if _eligible(g, flag)]
     if not changed:
@@ -71,26 +79,34 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
         optimizer.register_state_dict_post_hook(_stock_flags),
         optimizer.register_load_state_dict_post_hook(_reapply),
     )
-    setattr(optimizer, _FLAG, (flag, handles, changed))
+    ref = weakref.ref(optimizer)
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+        opt = ref()
+        if opt is None:
+            return
+        _fast.pop(opt, None)
+        for i in changed:
+            if i < len(opt.param_groups):
+                opt.param_groups[i][flag] = None
+
+    where = f"{type(optimizer).__name__}(at {id(optimizer):#x}): {flag} step"
+    entry = _patching.on_undo(TARGET, undo, where, owner=optimizer)
+    _fast[optimizer] = (flag, changed, entry)
     return flag
 
 
 def restore_step(optimizer: torch.optim.Optimizer) -> None:
     """Undo :func:`use_fast_step`: the flags back to unset, the hooks removed."""
-    state = getattr(optimizer, _FLAG, None)
-    if state is None:
-        return
-    flag, handles, changed = state
-    for i in changed:
-        if i < len(optimizer.param_groups):
-            optimizer.param_groups[i][flag] = None
-    for handle in handles:
-        handle.remove()
-    delattr(optimizer, _FLAG)
+    state = _fast.get(optimizer)
+    if state is not None:
+        _patching.discard(state[2])
 
 
 def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
-    flag, _, changed = getattr(optimizer, _FLAG)
+    flag, changed, _ = _fast[optimizer]
     for i in changed:
         if i < len(state_dict["param_groups"]):
             state_dict["param_groups"][i][flag] = None
@@ -98,7 +114,7 @@ def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
 
 
 def _reapply(optimizer: torch.optim.Optimizer) -> None:
-    flag, _, changed = getattr(optimizer, _FLAG)
+    flag, changed, _ = _fast[optimizer]
     for i in changed:
         if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
             optimizer.param_groups[i][flag] = True

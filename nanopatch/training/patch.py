@@ -9,7 +9,8 @@
 A paired model gets, in this order: channels-last (if it has 2-D/3-D convolutions), IPEX
 ``optimize`` together with its optimizer (when IPEX is installed, matches torch, and can fuse
 that optimizer) or else torch's fused/foreach optimizer step, and the accelerated forward.
-Everything but IPEX is undone by :func:`unpatch`.
+Everything but IPEX is undone at unpatch: every change (the instance forwards, the hooks, the
+optimizers' step flags) is an entry of the patch engine's journal.
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from torch import nn
 from .. import _patching
 from . import discovery
 from . import forward as fw
-from .plan import lock, plans, state
+from .plan import TARGET, lock, plans, state
 
 __all__ = ["describe", "patch", "plans", "release_data_parallel", "summary", "training_now", "unpatch"]
 
 #: torch versions this target is written against (module hooks with always_call, autocast on CPU).
 SUPPORTED = {"torch": ">=2.1"}
-
-_hooks: list[Any] = []  # the global optimizer step hooks while patched
 
 
 def patch(config: Any) -> None:
@@ -40,8 +39,11 @@ def patch(config: Any) -> None:
     _patching.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     _patching.wrap(nn.Module, "__getstate__", fw.module_getstate)
     _patching.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
-    _hooks.append(optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre))
-    _hooks.append(optimizer_mod.register_optimizer_step_post_hook(discovery.step_post))
+    for handle in (
+        optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
+        optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
+    ):
+        _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (model search)")
     with lock:
         for plan in list(plans.values()):
             if plan.ipex and not plan.installed:
@@ -53,8 +55,6 @@ def patch(config: Any) -> None:
 def unpatch() -> None:
     with lock:
         state["config"] = None
-        while _hooks:
-            _hooks.pop().remove()
         for model, plan in list(plans.items()):
             if plan.installed:
                 discovery.uninstall(model, plan)

@@ -21,6 +21,9 @@ from torch import nn
 
 from .. import _patching
 
+#: the patch engine's name for the training target (what its journal entries are filed under)
+TARGET = "training"
+
 lock = threading.RLock()
 local = threading.local()
 

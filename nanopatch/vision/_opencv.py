@@ -9,8 +9,10 @@ So the setting is made in the parent: on nanopatch's first OpenCV use, or, when 
 code imported OpenCV first, just before the process forks; a forked child inherits it and
 never has to touch it. A spawned process sets it on its own first use.
 
-This is process-wide: OpenCV calls the user's own code makes afterwards run single-threaded
-too (``cv2.setNumThreads`` changes it back).
+This is process-wide: OpenCV calls the user's own code makes while patched run single-threaded
+too. Made while the ``vision`` target is applied, the setting is an entry of the patch engine's
+journal: unpatch gives the process the thread count it had. Before a fork it is made only while the ``vision``
+target is applied.
 """
 
 from __future__ import annotations
@@ -24,9 +26,22 @@ _configured_in: int | None = None  # pid of the process that set it (forked chil
 
 def _one_thread(module: ModuleType) -> None:
     global _configured_in
-    _configured_in = os.getpid()
-    if module.getNumThreads() != 1:
-        module.setNumThreads(1)
+    pid = _configured_in = os.getpid()
+    before = module.getNumThreads()
+    if before == 1:
+        return
+    module.setNumThreads(1)
+
+    def undo() -> None:
+        global _configured_in
+        _configured_in = None
+        if os.getpid() == pid:  # a forked child never touches OpenCV's threading
+            module.setNumThreads(before)
+
+    from .. import _patching
+
+    if _patching.is_applied("vision"):  # else nanopatch's kernels run outside a patch (a spawned worker)
+        _patching.on_undo("vision", undo, f"cv2.setNumThreads(1) (it was {before})")
 
 
 def cv2() -> ModuleType:
@@ -39,7 +54,11 @@ def cv2() -> ModuleType:
 
 def _before_fork() -> None:
     module = sys.modules.get("cv2")
-    if module is not None and _configured_in is None and hasattr(module, "setNumThreads"):
+    if module is None or _configured_in is not None or not hasattr(module, "setNumThreads"):
+        return
+    from .. import _patching
+
+    if _patching.is_applied("vision"):
         _one_thread(module)
 
 
