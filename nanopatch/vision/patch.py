@@ -15,6 +15,13 @@ def patch(config) -> None:
     import torchvision.datasets.folder as folder
     import torchvision.transforms  # noqa: F401 - loads the modules whose names are replaced
 
+    # Imported before any v1 name is replaced: each v2 class binds the v1 class it scripts as
+    # (``_v1_transform_cls``, what ``torch.jit.script`` compiles for a v2 transform and what v2
+    # checks itself against) from ``torchvision.transforms`` when v2 is first imported. Imported
+    # after, every stock v2 class would point at nanopatch's v1 class, for good (no undo covers
+    # it), and scripting a v2 transform would compile nanopatch's ``forward(*args)``.
+    import torchvision.transforms.v2 as v2
+
     from . import datasets, transforms
 
     # The true originals, saved once (a re-patch never saves a replacement).
@@ -37,8 +44,6 @@ def patch(config) -> None:
     for name in transforms.__all__:
         ours = getattr(transforms, name)
         _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
-
-    import torchvision.transforms.v2 as v2
 
     if not hasattr(v2.Transform, "make_params"):  # torchvision < 0.21 names it _get_params
         log_once("transforms-v2", "torchvision %s: transforms.v2 left stock", torchvision_version())
