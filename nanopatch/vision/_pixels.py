@@ -4,7 +4,9 @@ A :class:`Pixels` holds one of: a PIL image, an :class:`~nanopatch.vision.datase
 (a file not decoded yet), or a (H, W, C) uint8 array, and converts between them only when
 something asks. It also remembers the *domain*: ``"pil"`` when stock torchvision would hold a
 PIL image at this point (the input was a PIL image, a file from a dataset, or a dataset's
-in-memory pixels), ``"array"`` when the user passed an ndarray and gets an ndarray back.
+in-memory pixels), ``"array"`` when the user passed an ndarray. Only a step that takes an
+ndarray as stock's does (``ToTensor``) runs on an ``"array"`` Pixels; for the others stock's code
+gets the user's ndarray itself (see ``transforms._Fast._takes_array``).
 """
 
 from __future__ import annotations

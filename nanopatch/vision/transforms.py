@@ -3,10 +3,11 @@
 Each class here subclasses the stock class of the same name, so constructors, defaults,
 argument checks, ``repr``, ``get_params`` and pickling are stock's own; only the call differs:
 
-* on a PIL image ("L"/"RGB"), an undecoded dataset file or a uint8 ndarray, the parameters
-  are drawn with the same ``torch``/``random`` calls stock makes (torchvision's own
-  ``get_params``), then the pixels go through :mod:`nanopatch.vision.functional`; the result is
-  the type stock returns (a PIL image for a PIL image, an ndarray for an ndarray);
+* on a PIL image ("L"/"RGB") or an undecoded dataset file, the parameters are drawn with the
+  same ``torch``/``random`` calls stock makes (torchvision's own ``get_params``), then the pixels
+  go through :mod:`nanopatch.vision.functional`; the result is the type stock returns;
+* on a user's ndarray stock's code runs (it raises ``TypeError``, or hands the array back when a
+  random draw skips the step), except in ``ToTensor``, which takes one as stock's does;
 * on anything else (tensors, other PIL modes) the stock code runs unchanged;
 * a kernel that cannot reproduce stock for some argument raises ``NotImplementedError`` and
   the step runs stock's PIL code with the parameters already drawn.
@@ -101,14 +102,9 @@ def run_steps(steps, value: Any) -> Any:
     return value
 
 
-def finish(value: Any, original: Any) -> Any:
-    """What the caller gets: the stock type, never a view into the caller's own ndarray."""
-    if not isinstance(value, Pixels):
-        return value
-    out = value.output()
-    if isinstance(out, np.ndarray) and isinstance(original, np.ndarray) and np.may_share_memory(out, original):
-        out = out.copy()
-    return out
+def finish(value: Any) -> Any:
+    """What the caller gets: the type stock returns."""
+    return value.output() if isinstance(value, Pixels) else value
 
 
 def _pillow(px: Pixels, stock_op, *args, **kwargs) -> Pixels:
@@ -136,11 +132,22 @@ class _Fast:
     def _nanopatch_run(self, px: Pixels) -> Any:  # pragma: no cover - every class overrides it
         raise NotImplementedError
 
+    def _takes_array(self, arr: np.ndarray) -> bool:
+        """Whether this step runs nanopatch's kernels on a user's ndarray. Stock's classes refuse
+        one (``TypeError``), or hand it back untouched when a random draw skips the step; only
+        the ndarray-taking ToTensor says yes. (Inside a Compose the pixels travel as ndarrays
+        between nanopatch's steps whatever this says: the caller gave a PIL image or a file.)"""
+        return False
+
     def _nanopatch_call(self, *args, **kwargs):
         px = Pixels.accept(args[0]) if len(args) == 1 and not kwargs else None
-        if px is None or (px.is_pil_image and not self._pil_alone):
+        if (
+            px is None
+            or (px.is_pil_image and not self._pil_alone)
+            or (px.domain == "array" and not self._takes_array(args[0]))
+        ):
             return self._stock_call(*args, **kwargs)
-        return finish(self._nanopatch_run(px), args[0])
+        return finish(self._nanopatch_run(px))
 
     def _stock_call(self, *args, **kwargs):
         stock = self._nanopatch_stock
@@ -407,6 +414,10 @@ class RandomGrayscale(_Fast, stock_class(_tv, "RandomGrayscale")):
 
 @_entry
 class ToTensor(_Fast, stock_class(_tv, "ToTensor")):
+    def _takes_array(self, arr: np.ndarray) -> bool:
+        # stock's torch.from_numpy warns on a read-only array and refuses negative strides: stock's then
+        return arr.flags.writeable and min(arr.strides, default=0) >= 0
+
     def _nanopatch_run(self, px: Pixels) -> Any:
         if torch.get_default_dtype() != torch.float32:
             return self._stock_call(px.output())
@@ -416,8 +427,6 @@ class ToTensor(_Fast, stock_class(_tv, "ToTensor")):
 @_entry
 class PILToTensor(_Fast, stock_class(_tv, "PILToTensor")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        if px.domain != "pil":
-            return self._stock_call(px.output())  # stock raises TypeError for an ndarray
         return fn.pil_to_tensor(px.array())
 
 
@@ -447,14 +456,12 @@ class FusedToFloat:
     from stock's own steps run once on an image of the 256 levels, so every value is what stock
     computes. When that run does not give a float32 image of the input's shape (a std of zero,
     3 means for 1 channel, another default dtype) the steps run unfused, with stock's errors.
-    ``arrays``: whether the first step takes a user's ndarray as stock does (ToTensor does).
     """
 
     _SETTINGS = ("dtype", "scale", "mean", "std")
 
-    def __init__(self, steps: list[Any], *, arrays: bool) -> None:
+    def __init__(self, steps: list[Any]) -> None:
         self.steps = steps
-        self.arrays = arrays
         self._references: dict[tuple, tuple[np.ndarray, bool, type] | None] = {}
 
     def _reference(self, channels: int) -> tuple[np.ndarray, bool, type] | None:
@@ -477,7 +484,7 @@ class FusedToFloat:
         return found
 
     def _nanopatch_run(self, px: Pixels) -> Any:
-        found = self._reference(px.dims()[0]) if self.arrays or px.domain == "pil" else None
+        found = self._reference(px.dims()[0])
         if found is None:
             return run_steps(self.steps, px)
         table, channels_last, kind = found
@@ -580,7 +587,7 @@ class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
         if type(step) is Resize and i + 1 < len(steps) and type(steps[i + 1]) is CenterCrop:
             return ResizeCenterCrop(step, steps[i + 1]), 2
         if isinstance(step, ToTensor) and i + 1 < len(steps) and isinstance(steps[i + 1], Normalize):
-            return FusedToFloat(steps[i : i + 2], arrays=True), 2
+            return FusedToFloat(steps[i : i + 2]), 2
         if (
             isinstance(step, PILToTensor)
             and i + 2 < len(steps)
@@ -588,7 +595,7 @@ class Compose(Planned, _Fast, stock_class(_tv, "Compose")):
             and steps[i + 1].dtype == torch.float32
             and isinstance(steps[i + 2], Normalize)
         ):
-            return FusedToFloat(steps[i : i + 3], arrays=False), 3
+            return FusedToFloat(steps[i : i + 3]), 3
         return None
 
 

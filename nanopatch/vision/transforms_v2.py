@@ -93,7 +93,7 @@ class _FastV2:
         if len(inputs) == 1:
             px = _accept(inputs[0])
             if px is not None:
-                return finish(self._nanopatch_run(px), inputs[0])
+                return finish(self._nanopatch_run(px))
         return self._stock_call(*inputs)
 
     def _nanopatch_run(self, px: Pixels) -> Any:  # pragma: no cover - every class overrides it
@@ -291,7 +291,7 @@ class Compose(Planned, _FastV2, stock_class(_v2, "Compose")):
             and steps[i + 1].scale
         ):
             length = 3 if i + 2 < len(steps) and isinstance(steps[i + 2], Normalize) else 2
-            return FusedToFloat(steps[i : i + length], arrays=False), length
+            return FusedToFloat(steps[i : i + length]), length
         return None
 
 
