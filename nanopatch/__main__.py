@@ -331,7 +331,7 @@ def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:
     rank's traceback) and ends the process with exit code 1."""
     import torch  # noqa: F401 - first, so that its import hook patches before the next line runs
 
-    from . import distributed
+    from .parallel import patch as distributed
 
     distributed.start()
     try:

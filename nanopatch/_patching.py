@@ -1,8 +1,9 @@
 """The patch engine: a registry of targets and a journal of everything they replaced.
 
 * A **target** is one concern (``vision``, ``training``, ...): the option that switches it,
-  the module whose import triggers it, and the ``patch.py`` module that does the work
-  (``patch(config)``, ``unpatch()``, and ``SUPPORTED``: distribution -> version specifier).
+  the module whose import triggers it, and the module of a nanopatch package that does the
+  work, its ``patch.py`` (the ``lightning`` targets: ``parallel/lightning.py`` beside it):
+  ``patch(config)``, ``unpatch()``, and ``SUPPORTED``: distribution -> version specifier.
 * A target's ``patch(config)`` never calls ``setattr`` on a foreign module itself: it calls
   :func:`replace`, :func:`replace_everywhere` or :func:`wrap` here, which record the raw
   original (read from ``__dict__``, so a ``staticmethod`` stays a ``staticmethod``) exactly
@@ -641,7 +642,7 @@ def status() -> dict[str, Any]:
 
 register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))
 register(Target(name="training", option="training", module="torch", patcher="nanopatch.training.patch"))
-register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.distributed"))
+register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.parallel.patch"))
 for _name, _module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
-    register(Target(name=_name, option="data_parallel", module=_module, patcher="nanopatch.training.lightning"))
+    register(Target(name=_name, option="data_parallel", module=_module, patcher="nanopatch.parallel.lightning"))
 del _name, _module

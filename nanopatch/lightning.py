@@ -254,7 +254,7 @@ class LrWarmup:
         self._saved: dict[int, list[float]] = {}
 
     def factor(self) -> float:
-        from .distributed import lr_factor  # the same warm-up as --nproc's auto_lr
+        from .parallel.patch import lr_factor  # the same warm-up as --nproc's auto_lr
 
         return lr_factor(self.step, self.n, self.steps_per_epoch)
 

@@ -113,7 +113,7 @@ class TorchNano:
         fabric = self._fabric
         if fabric is None:  # one process, or nanopatch's own processes: its engine wraps the model in DDP
             if self.num_processes > 1:
-                from . import distributed
+                from .parallel import patch as distributed
 
                 for loader in loaders:
                     if not distributed.shard(loader):
@@ -269,8 +269,8 @@ def _spawn(nano: TorchNano, args: tuple, kwargs: dict) -> Any:
 
 
 def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: int, results: Any) -> None:
-    from . import distributed
     from .lightning import _Pinning
+    from .parallel import patch as distributed
 
     world = str(nano.num_processes)
     os.environ.update(

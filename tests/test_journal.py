@@ -17,7 +17,8 @@ from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
-from nanopatch import _patching, distributed
+from nanopatch import _patching
+from nanopatch.parallel import patch as distributed
 from nanopatch.training import patch as training
 
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from nanopatch import cpu, distributed, launch, runtime
+from nanopatch import cpu, launch, runtime
+from nanopatch.parallel import patch as distributed
 
 from conftest import TESTS_DIR, child_env, run_python
 

@@ -299,8 +299,8 @@ def test_no_warning_for_an_accelerated_model_and_the_search_hooks_end():
     ],
 )
 def test_a_lightning_trainer_in_a_nproc_process_gets_lightnings_ddp(monkeypatch, given, expected):
-    from nanopatch import distributed
-    from nanopatch.training import lightning
+    from nanopatch.parallel import lightning
+    from nanopatch.parallel import patch as distributed
 
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _patching, distributed
+from .. import _patching
 from .._log import log_once, warn_once
 from . import forward as fw
 from . import ipex, optim
 from . import memory_format as mf
-from .plan import TARGET, Plan, Trial, config, doubtful, local, lock, plans, tls
+from .plan import TARGET, Plan, Trial, config, data_parallel, doubtful, local, lock, plans, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -202,9 +202,10 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         plan.trial = Trial()
     plan.compile_mode = cfg.compile
     plan.stock = None
-    plan.ddp = distributed.attach(module, model, optimizer)
+    engine = data_parallel()
+    plan.ddp = engine.attach(module, model, optimizer) if engine is not None else None
     if plan.ddp is not None:
-        plan.notes.append(f"data-parallel: DistributedDataParallel over {distributed.world_size()} processes")
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {engine.world_size()} processes")
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -400,9 +401,10 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     context = fw.ours(dtype) if dtype is not None else None
     if context is not None:
         context.__enter__()
-    ddp = plan.ddp if plan.ddp is not None and distributed.routes(plan.ddp, module) else None
+    engine = data_parallel()
+    ddp = plan.ddp if plan.ddp is not None and engine.routes(plan.ddp, module) else None
     if ddp is not None:
-        distributed.pre_forward(ddp)
+        engine.pre_forward(ddp)
     probe = fw.Probe().__enter__()
     tls("calls", []).append((module, context, dtype, plan, ddp, probe))
     return args
@@ -435,7 +437,7 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     if not calls and not pending:
         stop()
     if ddp is not None and result is not None:
-        result = distributed.post_forward(ddp, result)
+        result = data_parallel().post_forward(ddp, result)
     if module.training and torch.is_grad_enabled():
         fw.observe(plan, probe, dtype)
     if context is None or result is None:

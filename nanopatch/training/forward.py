@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _patching, distributed
+from .. import _patching
 from .._log import log_once, warn_once
 from . import amp
 from . import memory_format as mf
-from .plan import TARGET, Plan, config, local, tls
+from .plan import TARGET, Plan, config, data_parallel, local, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -88,8 +88,8 @@ class AcceleratedForward(_InstanceForward):
         dtype = amp_dtype(module, plan)
         if plan.compile_mode and config() is not None:
             forward = _compiled(module, plan, forward)
-        if plan.ddp is not None and distributed.routes(plan.ddp, module):
-            forward = distributed.through(plan.ddp, forward)
+        if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
+            forward = data_parallel().through(plan.ddp, forward)
         probe = Probe() if training and plan.training_calls % PROBE_EVERY == 0 else None
         with probe if probe is not None else _nothing:
             if dtype is None:

@@ -27,6 +27,23 @@ TARGET = "training"
 lock = threading.RLock()
 local = threading.local()
 
+_engines: dict[str, Any] = {}
+
+
+def register_data_parallel(engine: Any) -> None:
+    """The data-parallel engine (:mod:`nanopatch.parallel.patch` registers itself when it is
+    imported; training never imports it): pairing asks it to wrap the model in DDP
+    (``attach(module, model, optimizer)`` -> a wrapper or None, ``world_size()``), and the
+    accelerated forward routes a training call through that wrapper (``routes``, ``through``,
+    ``pre_forward``, ``post_forward``)."""
+    _engines["data_parallel"] = engine
+
+
+def data_parallel() -> Any:
+    """The registered data-parallel engine, or None."""
+    return _engines.get("data_parallel")
+
+
 #: the active nanopatch Config while patched, else None
 state: dict[str, Any] = {"config": None}
 

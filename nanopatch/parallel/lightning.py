@@ -23,7 +23,8 @@ import os
 import sys
 from typing import Any
 
-from .. import _patching, distributed
+from .. import _patching
+from . import patch as distributed
 
 logger = logging.getLogger("nanopatch")
 

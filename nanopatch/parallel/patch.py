@@ -36,6 +36,7 @@ import dataclasses
 import gc
 import importlib.util
 import logging
+import sys
 import threading
 import weakref
 from typing import Any
@@ -44,8 +45,10 @@ import torch
 import torch.distributed as dist
 from torch.utils import data as tud
 
-from . import _patching
-from ._log import log_once
+from .. import _patching
+from .._log import log_once
+from ..training import patch as training
+from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
 
@@ -122,8 +125,6 @@ def finish() -> None:
     DDP wrappers that hold it (so that nothing of it is left for the interpreter's shutdown
     to destroy in whatever order), then, once every rank got here, the group."""
     if _state.started and dist.is_initialized():
-        from .training import patch as training
-
         training.release_data_parallel()
         _detach_all()
         gc.collect()
@@ -293,8 +294,6 @@ def shard(loader: tud.DataLoader) -> bool:
 
 def _training_now() -> bool:
     """Whether a model is being trained at this moment (a loader iterated now feeds it)."""
-    from .training import patch as training
-
     return training.training_now()
 
 
@@ -491,3 +490,6 @@ def describe() -> dict[str, Any]:
         "models": len(_ddps),
         "warmup_steps": _state.warmup_steps,
     }
+
+
+register_data_parallel(sys.modules[__name__])
