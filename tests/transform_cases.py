@@ -81,10 +81,6 @@ EXACT = {
     "Lambda",
 }
 
-#: Stock accepts an ndarray itself for these (for the others it raises TypeError and the
-#: reference for an ndarray is stock on ``Image.fromarray(arr)``).
-STOCK_TAKES_NDARRAY = {"ToTensor", "PILToTensor", "Normalize"}
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -659,14 +655,11 @@ def compare(
     recipe: Recipe,
     *,
     input_kind: str,
-    array_ndim: int = 3,
     check_warnings: bool = True,
     tol: Tol | None = None,
 ) -> str | None:
     """None when ``ours`` is what stock gives (same type, mode, size, pixels within the recipe's
-    tolerance, same exception type, same RNG draws), else a description. For ``input_kind
-    "array"`` stock ran on ``Image.fromarray(arr)``: ours must return an ndarray of those
-    pixels, 2-D exactly when the input was 2-D (``array_ndim``) and the result has one channel."""
+    tolerance, same exception type, same RNG draws), else a description."""
     if stock.error is not None or ours.error is not None:
         if stock.error is None:
             return f"raised {ours.error!r}; stock returned {type(stock.value).__name__}"
@@ -679,8 +672,7 @@ def compare(
     nanopatch_warnings = [w for w in ours.warnings if w[0].__module__.startswith("nanopatch")]
     if nanopatch_warnings:
         problems.append(f"nanopatch warned {nanopatch_warnings}")
-    # (for an ndarray, stock's warnings are about the PIL image it was given instead: not compared)
-    if check_warnings and input_kind != "array" and [w[0] for w in ours.warnings] != [w[0] for w in stock.warnings]:
+    if check_warnings and [w[0] for w in ours.warnings] != [w[0] for w in stock.warnings]:
         problems.append(f"warnings {ours.warnings} != stock's {stock.warnings}")
     if ours.torch_state is not None and not torch.equal(ours.torch_state, stock.torch_state):
         problems.append("torch RNG out of step with stock")
@@ -689,21 +681,12 @@ def compare(
     got, expected = ours.value, stock.value
     tol = recipe.tolerance() if tol is None else tol
     if isinstance(expected, Image.Image):
-        if input_kind == "array":
-            if not isinstance(got, np.ndarray) or got.dtype != np.uint8:
-                return f"returned {type(got).__name__}, expected a uint8 ndarray (stock gave a PIL image)"
-            want = np.asarray(expected)
-            if want.ndim == 2 and array_ndim == 3:
-                want = want[:, :, None]
-            if got.shape != want.shape:
-                return f"shape {got.shape} != {want.shape} (stock's {expected.mode} {expected.size})"
-        else:
-            if not isinstance(got, Image.Image):
-                return f"returned {type(got).__name__}, stock a PIL image"
-            if got.mode != expected.mode:
-                return f"mode {got.mode} != stock's {expected.mode}"
-            if got.size != expected.size:
-                return f"size {got.size} != stock's {expected.size}"
+        if not isinstance(got, Image.Image):
+            return f"returned {type(got).__name__}, stock a PIL image"
+        if got.mode != expected.mode:
+            return f"mode {got.mode} != stock's {expected.mode}"
+        if got.size != expected.size:
+            return f"size {got.size} != stock's {expected.size}"
         problem = diff_report(pixels(got), pixels(expected), tol)
         if problem:
             problems.append(problem)
