@@ -136,3 +136,46 @@ def test_opencv_gets_the_users_thread_count_back():
         assert any("cv2.setNumThreads(1)" in c for c in nanopatch.status()["targets"]["vision"]["changes"])
     assert cv2.getNumThreads() == 2
     assert _opencv._configured_in is None
+
+
+def test_unpatch_from_another_thread_while_a_discovered_call_runs():
+    """The model's first training call is found by a global pre-hook, which enters bf16
+    autocast for it; its post-hook leaves it. Unpatch from another thread during that call must
+    neither remove the post-hook under it (the calling thread would stay in autocast) nor leave
+    the hooks behind once the call ends."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            entered.set()
+            release.wait(30)
+            return self.lin(x)
+
+    hooks_before = global_hooks()
+    nanopatch.patch_torch(training=True, vision=False, bf16=True, channels_last=False, ipex=False, compile=False)
+    model = Slow()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = {}
+
+    def first_step():
+        out = model(torch.randn(2, 4))
+        seen["autocast after the call"] = torch.is_autocast_enabled("cpu")
+        seen["computed in"] = model.lin.weight.dtype, out.dtype
+        out.sum().backward()
+        optimizer.step()
+
+    worker = threading.Thread(target=first_step)
+    worker.start()
+    assert entered.wait(30)
+    nanopatch.unpatch_torch()
+    release.set()
+    worker.join(30)
+    assert seen["autocast after the call"] is False, seen
+    assert global_hooks() == hooks_before
+    assert _patching._journal.changes() == [] and "forward" not in vars(model)

@@ -66,6 +66,8 @@ unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothin
 converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models made channels-last for DDP
 ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
 _hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
+_outlived: list[Any] = []  # hook entries the journal let go of at unpatch, removed after the last call
+_inflight = [0]  # discovered calls running now, in every thread
 
 
 @contextlib.contextmanager
@@ -122,14 +124,18 @@ def _inside_paired(module: nn.Module) -> bool:
 
 
 def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
-    """Accelerate ``module`` (trained by ``optimizer``); returns its plan, or None when the
-    module is part of a model that already is."""
+    """Pair ``module`` with ``optimizer`` (lock held); returns its plan, or None when the
+    module is part of a model that already is. A newly paired model is accelerated by
+    :func:`set_up`, which its caller runs once the lock is released."""
     plan = plans.get(module)
     _watch(optimizer)
-    if plan is not None and plan.installed:
+    if plan is not None and (plan.installed or plan.setup):
         if type(optimizer).__name__ not in plan.optimizers:
             plan.optimizers.append(type(optimizer).__name__)
-        _fast_step(plan, optimizer)
+        if plan.installed:
+            _fast_step(plan, optimizer)
+        else:
+            plan.setup.append(optimizer)
         _watch(optimizer, plan)
         return plan
     if _inside_paired(module):
@@ -144,14 +150,32 @@ def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
         plan.stock = reason
         log_once("stock", "%s runs stock: %s", plan.name, reason, about=module)
         return plan
+    plan.setup.append(optimizer)
+    return plan
+
+
+def set_up(module: nn.Module, plan: Plan) -> None:
+    """Accelerate a newly paired model, without the lock: ``ipex.optimize`` takes time, and
+    wrapping the model in DDP is a collective that waits for every process. A concurrent
+    unpatch wins: what was set up is undone."""
+    with lock:
+        optimizers, plan.setup = plan.setup, []
+        cfg = config()
+    if not optimizers or cfg is None:
+        return
     with busy():
         try:
-            _accelerate(module, inner(module), optimizer, plan, config())
+            _accelerate(module, inner(module), optimizers[0], plan, cfg)
+            with lock:
+                for optimizer in optimizers[1:]:
+                    _fast_step(plan, optimizer)
+                if config() is None:  # unpatched meanwhile
+                    uninstall(module, plan)
         except Exception as exc:
-            uninstall(module, plan)
-            plan.stock = f"nanopatch failed to set it up ({type(exc).__name__}: {exc})"
+            with lock:
+                uninstall(module, plan)
+                plan.stock = f"nanopatch failed to set it up ({type(exc).__name__}: {exc})"
             log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
-    return plan
 
 
 def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
@@ -373,11 +397,24 @@ def _start() -> None:
 
 def stop() -> None:
     """Remove the search's forward hooks (torch copies its hook dicts before iterating them,
-    so this is safe even from inside a module call)."""
-    if tls("calls", []):
-        return  # a discovered call is still running: its forward hook stops the search after it
-    while _hooks:
-        _patching.discard(_hooks.pop())
+    so this is safe even from inside a module call). While a discovered call runs, in any
+    thread, its forward hook must still run after it (it leaves the autocast the pre-hook
+    entered): the hooks go when the last such call ends. If unpatch comes first, the journal
+    lets go of them (it would remove them now) and that call's hook removes them."""
+    with lock:
+        if _inflight[0]:
+            if config() is None:
+                for entry in _hooks:
+                    _patching.discard(entry, undo=False)
+                _outlived.extend(_hooks)
+                _hooks.clear()
+            return
+        entries, _hooks[:] = list(_hooks), []
+        outlived, _outlived[:] = list(_outlived), []
+    for entry in entries:
+        _patching.discard(entry)
+    for entry in outlived:
+        entry.undo()
 
 
 def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
@@ -388,6 +425,8 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     try:
         with lock:
             plan = _match(module)
+        if plan is not None and plan.setup and plans.get(module) is plan:
+            set_up(module, plan)
     except Exception:
         logger.exception("nanopatch could not pair %s; it runs stock", type(module).__name__)
         return None
@@ -407,6 +446,8 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
         engine.pre_forward(ddp)
     probe = fw.Probe().__enter__()
     tls("calls", []).append((module, context, dtype, plan, ddp, probe))
+    with lock:
+        _inflight[0] += 1
     return args
 
 
@@ -434,7 +475,10 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     probe.__exit__(None, None, None)
     if context is not None:
         context.__exit__(None, None, None)
-    if not calls and not pending:
+    with lock:
+        _inflight[0] -= 1
+        last = not _inflight[0] and (not pending or config() is None)
+    if last:
         stop()
     if ddp is not None and result is not None:
         result = data_parallel().post_forward(ddp, result)
@@ -558,7 +602,6 @@ def scan() -> None:
 def reset() -> None:
     """Forget the search (at unpatch)."""
     pending.clear()
-    local.calls = []
     stop()
     watched.clear()
     unaccelerated.clear()

@@ -83,6 +83,7 @@ class Plan:
     notes: list[str] = dataclasses.field(default_factory=list)
     installed: bool = False
     previous_forward: Any = _patching.NOTSET
+    setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
     ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
     # observed on training calls (grad mode, training mode)
     training_calls: int = 0
