@@ -465,6 +465,37 @@ def _unpin_forked_child() -> None:
             pass
 
 
+def run_cpus(environ: Mapping[str, str] | None = None) -> set[int] | None:
+    """The CPU set of the run, when the runner pinned this process's threads narrower than
+    it (:func:`keep_children_unpinned`), else None."""
+    text = (os.environ if environ is None else environ).get(CPUS_VARIABLE)
+    if not text:
+        return None
+    try:
+        cpus = set(cpu.parse_cpu_list(text))
+    except ValueError:
+        return None
+    return cpus if cpus and cpus != set(os.sched_getaffinity(0)) else None
+
+
+def with_run_cpus(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``wrapped`` with this thread's affinity widened to the run's CPU set and put back
+    after: a check that reads the affinity (DataLoader's worker-number warning) sees what the
+    process may use, not the one CPU the runner pinned the main thread to."""
+    cpus = run_cpus()
+    if cpus is None:
+        return wrapped(*args, **kwargs)
+    pinned = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        os.sched_setaffinity(0, pinned)
+
+
 def unpin_started_child(environ: dict[str, str] | None = None) -> None:
     """In a process started by a tuned one (the bootstrap calls this before torch loads):
     take the run's whole CPU set back, and drop the pinning variables nanopatch set for

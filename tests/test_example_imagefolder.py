@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -123,6 +124,41 @@ def test_runs_under_nanopatch(first_run):
     assert data_line(proc) == (root, "reused")
     assert snapshot(root) == before
     summary(proc)
+    # the runner pins the main thread to one CPU; torch's check of the worker count must still
+    # count the run's CPUs (2 workers on a 2-CPU run: no warning)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "worker processes in total" not in proc.stderr, proc.stderr
+
+
+def test_compare_shows_the_patched_run_accelerated_and_learning_as_stock(first_run):
+    """``python -m nanopatch --compare`` on the example: the patched run's model really ran
+    accelerated (what the runner saw inside it), and it learns as the stock run does. On this
+    tiny set (19 training images, one epoch, 5 validation images) "as stock" means the same
+    final loss to within bf16's drift and the same validation accuracy to within one image."""
+    from nanopatch import cpu
+
+    cache, _ = first_run
+    proc = run_python(
+        ["-m", "nanopatch", "--compare", str(SCRIPT), *TINY, "--cache-dir", str(cache)],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {}
+    for line in proc.stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) >= 3:
+            rows[cells[0]] = cells[1:]
+    assert rows["exit code"][:2] == ["0", "0"], rows
+    accelerated = rows["model accelerated"][1]
+    assert accelerated.startswith("yes (ResNet:") and "channels-last" in accelerated, accelerated
+    assert ("computed in bfloat16" in accelerated) == cpu.host_facts().native_bf16, accelerated
+    stock_loss, patched_loss = (float(v) for v in rows["final loss"][:2])
+    assert abs(patched_loss - stock_loss) <= 0.15, rows["final loss"]
+    stock_acc, patched_acc = (float(v.rstrip("%")) for v in rows["final accuracy"][:2])
+    assert abs(patched_acc - stock_acc) <= 20.0, rows["final accuracy"]
+    assert "worker" not in proc.stderr, proc.stderr  # no DataLoader warning caused by the runner's pinning
 
 
 def test_data_option_trains_on_a_given_folder(first_run, tmp_path):

@@ -38,11 +38,18 @@ def small_cnn(classes: int = 4) -> nn.Module:
 
 
 class Probe:
-    """Records the dtype a submodule computes in (bf16 under our autocast)."""
+    """Records, from inside the model, the dtype a submodule computes in (bf16 under our
+    autocast) and whether its input was channels-last."""
 
     def __init__(self, module: nn.Module) -> None:
         self.dtypes: list[torch.dtype] = []
-        module.register_forward_hook(lambda m, i, o: self.dtypes.append(o.dtype))
+        self.channels_last: list[bool] = []
+        module.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.dtypes.append(output.dtype)
+        x = inputs[0]
+        self.channels_last.append(x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
 
     def last(self) -> torch.dtype:
         return self.dtypes[-1]
@@ -157,10 +164,11 @@ def test_a_model_trained_around_its_accelerated_forward_is_reported():
 
 
 def test_gan_two_models_two_optimizers():
-    with nanopatch.patched(bf16=True, **NATIVE):
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
         torch.manual_seed(0)
         gen = nn.Sequential(nn.Linear(8, 3 * 8 * 8), nn.Unflatten(1, (3, 8, 8)), nn.Conv2d(3, 3, 3, padding=1))
         disc = small_cnn(classes=1)
+        gen_probe, disc_probe = Probe(gen[2]), Probe(disc[0])
         opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
         opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
         gen.train()
@@ -182,6 +190,10 @@ def test_gan_two_models_two_optimizers():
         assert torch.isfinite(g_loss) and torch.isfinite(d_loss)
         assert plan_of(gen).optimizers == ["Adam"] and plan_of(disc).optimizers == ["Adam"]
         assert len(training.plans) == 2
+        # inside both models: bf16 computation; the discriminator's images arrive channels-last
+        # (the generator's input is a 2-D noise vector: nothing to convert)
+        assert set(gen_probe.dtypes) == {torch.bfloat16} and set(disc_probe.dtypes) == {torch.bfloat16}
+        assert set(disc_probe.channels_last) == {True} and len(disc_probe.channels_last) == 6
 
 
 def test_transformer_models_get_bf16_and_channels_last_only_with_convolutions():
@@ -241,9 +253,10 @@ def test_model_wrapped_in_distributed_data_parallel():
             ddp = nn.parallel.DistributedDataParallel(model)
             optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
             ddp.train()
-            probe = Probe(model[-1])
+            probe, first = Probe(model[-1]), Probe(model[0])
             out, loss = train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
             assert out.dtype == torch.float32 and probe.last() == torch.bfloat16 and torch.isfinite(loss)
+            assert first.channels_last == [True, True] and set(first.dtypes) == {torch.bfloat16}
             described = plan_of(ddp).describe()
             # made channels-last before DDP laid its buckets out: no stride mismatch warning
             assert described["model"] == "DistributedDataParallel" and described["channels_last"] == "channels_last"
@@ -254,13 +267,15 @@ def test_model_wrapped_in_distributed_data_parallel():
 
 
 def test_model_wrapped_in_data_parallel():
-    with nanopatch.patched(bf16=True, **NATIVE):
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
         model = small_cnn()
         wrapped = nn.DataParallel(model)
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
         wrapped.train()
+        first = Probe(model[0])
         out, _ = train_steps(wrapped, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
         assert out.dtype == torch.float32 and plan_of(wrapped) is not None
+        assert set(first.dtypes) == {torch.bfloat16} and first.channels_last == [True, True]
 
 
 # --- outputs --------------------------------------------------------------------------

@@ -69,10 +69,16 @@ def test_resnet18_is_ipex_optimized_with_its_optimizer():
     model = torchvision.models.resnet18(num_classes=10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
+    seen = []  # inside the model, after the first convolution (which IPEX swaps for its own)
+    model.bn1.register_forward_hook(
+        lambda m, i, o: seen.append((o.dtype, i[0].is_contiguous(memory_format=torch.channels_last)))
+    )
     out = _steps(model, optimizer, torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)), 2)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     [plan] = nanopatch.status()["targets"]["training"]["details"]
     assert plan["ipex"] is True and plan["bf16"] is True
+    assert type(model.conv1).__module__.startswith("intel_extension_for_pytorch"), type(model.conv1)
+    assert seen == [(torch.bfloat16, True)] * 2, seen  # IPEX lays convolutions out channels-last
     # IPEX's master weights come back as fp32 in the user's state_dict
     assert model.state_dict()["conv1.weight"].dtype == torch.float32
 
@@ -93,6 +99,10 @@ def test_ipex_checkpoint_loads_into_stock_and_resumes_under_the_patch():
         _steps(model, optimizer, x, y, 1)
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    model.eval()
+    with torch.no_grad():
+        saved_out = model(batches[0][0])  # the model as saved (IPEX's bf16 weights under autocast)
+    model.train()
     for x, y in batches[2:]:
         _steps(model, optimizer, x, y, 1)
 
@@ -114,6 +124,10 @@ def test_ipex_checkpoint_loads_into_stock_and_resumes_under_the_patch():
         stock, stock_opt = build()
         stock.load_state_dict(checkpoint["model"])
         stock_opt.load_state_dict(checkpoint["optimizer"])
+        stock.eval()
+        with torch.no_grad():  # the model it was, in fp32 (bf16's tolerance: the saved run computed in bf16)
+            torch.testing.assert_close(stock(batches[0][0]), saved_out, rtol=0.05, atol=0.05)
+        stock.train()
         _steps(stock, stock_opt, *batches[2], 1)
 
 

@@ -3,6 +3,7 @@ resume; the training patch works from the runner and whichever order things happ
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import textwrap
@@ -114,6 +115,7 @@ def test_checkpoint_save_load_resume_under_the_patch(make_optimizer):
         _run(model, optimizer, batches[:3])
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        saved = copy.deepcopy(model)  # the model as saved (a copy runs the class's own forward)
         _run(model, optimizer, batches[3:])  # the run that was not interrupted
 
         buffer.seek(0)
@@ -128,10 +130,15 @@ def test_checkpoint_save_load_resume_under_the_patch(make_optimizer):
         for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values(), strict=True):
             torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
 
-    # and the checkpoint loads into a stock model and optimizer
+    # and the checkpoint loads into a stock model and optimizer: the model it was
     stock, stock_opt = build()
     stock.load_state_dict(checkpoint["model"])
     stock_opt.load_state_dict(checkpoint["optimizer"])
+    stock.eval()
+    saved.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(stock(batches[0][0]), saved(batches[0][0]))
+    stock.train()
     _run(stock, stock_opt, batches[3:4])
 
 

@@ -206,7 +206,8 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
             plan.rank = rank
     if cfg.channels_last and not plan.ipex:
         rank = mf.channels_last_rank(model)
-        if rank is not None and model is not module and not _already(model, rank):
+        ddp = isinstance(module, nn.parallel.DistributedDataParallel)
+        if rank is not None and ddp and not _already(model, rank):
             # DDP laid its gradient buckets out for the strides the parameters had when it
             # wrapped them; changing them now costs a copy per bucket and per step.
             plan.notes.append(f"channels-last not applied: the model was already wrapped in {_name(module)}")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _patching
+from .. import _patching, runtime
 from . import discovery
 from . import forward as fw
 from .plan import TARGET, lock, plans, state
@@ -39,6 +39,12 @@ def patch(config: Any) -> None:
     _patching.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     _patching.wrap(nn.Module, "__getstate__", fw.module_getstate)
     _patching.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    if runtime.run_cpus() is not None:
+        # under the runner the main thread is pinned to one CPU: torch's warning about too many
+        # DataLoader workers must count the run's CPUs, as it does without the runner
+        from torch.utils.data import dataloader
+
+        _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
