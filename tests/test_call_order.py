@@ -212,6 +212,88 @@ def test_call_order(case):
     assert proc.returncode == 0 and "CASE OK" in proc.stdout, proc.stderr
 
 
+REAL_PREAMBLE = """
+import sys
+import nanopatch
+from nanopatch import _patching
+
+OPTIONS = dict(vision=True, training=True, data_parallel=True, bf16=True, channels_last=True, ipex=False)
+
+
+def places():
+    # every replaced attribute with its first original (two targets may wrap the same one)
+    first = {}
+    for r in _patching._journal.records():
+        first.setdefault((id(r.owner), r.name), (r.owner, r.name, r.original))
+    return list(first.values())
+
+
+def assert_all_stock(places):
+    for owner, name, original in places:
+        assert _patching.raw_attribute(owner, name) is original, (owner, name)
+    assert _patching._journal.records() == [] and _patching._journal.changes() == []
+
+
+def train_a_little():
+    import torch
+    import torchvision.transforms as T
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    model(torch.zeros(1, 3, 8, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 3, 8, 8), torch.randint(0, 2, (8,))), batch_size=4, shuffle=True)
+    T.Compose([T.ToTensor()])(__import__("PIL.Image").Image.new("RGB", (8, 8)))
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert "forward" in vars(model) and _patching._journal.changes("training")
+    return model, optimizer, loader
+"""
+
+#: the call-order cases on nanopatch's real targets (vision, training, distributed): after unpatch,
+#: every attribute they replaced ``is`` its original, and nothing else of theirs is left
+REAL_CASES = {
+    "patch-then-import": """
+        nanopatch.patch_torch(**OPTIONS)
+        assert "torch" not in sys.modules
+        import torch, torchvision.transforms, torchvision.transforms.v2
+        targets = {r.target for r in _patching._journal.records()}
+        assert {"vision", "training", "distributed"} <= targets, targets
+        replaced = places()
+        model, optimizer, loader = train_a_little()
+        nanopatch.unpatch_torch()
+        assert_all_stock(replaced)
+        assert "forward" not in vars(model)
+    """,
+    "import-then-patch-twice": """
+        import torch, torchvision.transforms, torchvision.transforms.v2
+        nanopatch.patch_torch(**OPTIONS)
+        replaced = places()
+        model, optimizer, loader = train_a_little()
+        nanopatch.unpatch_torch()
+        assert_all_stock(replaced)
+        with nanopatch.patched(**OPTIONS):
+            assert {(id(o), n) for o, n, _ in places()} == {(id(o), n) for o, n, _ in replaced}
+            train_a_little()
+            with nanopatch.unpatched():
+                assert_all_stock(replaced)
+        assert_all_stock(replaced)
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_CASES))
+def test_call_order_on_the_real_targets(case):
+    from textwrap import dedent
+
+    pytest.importorskip("torchvision")
+    code = REAL_PREAMBLE + dedent(REAL_CASES[case]) + "\nprint('CASE OK')\n"
+    proc = run_python(code)
+    assert proc.returncode == 0 and "CASE OK" in proc.stdout, proc.stderr
+
+
 def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
     """A target that fails half-way leaves everything stock, logs once, and the user's import
     of torchvision (which fires the hook) still succeeds."""
