@@ -174,21 +174,6 @@ def test_hue():
             assert_matches("adjust_hue", arr, factor)
 
 
-def test_gamma():
-    rng = np.random.default_rng([SEED, 2])
-    cases = [(1.0, 1), (0.0, 1), (2.2, 1), (0.45, 1), (1.0, 2.0), (0.7, 0.5), (1.3, -1.0), (5.0, 3), (float("inf"), 1)]
-    cases += [(float(g), float(k)) for g, k in zip(rng.uniform(0, 3, 10), rng.uniform(0, 2, 10), strict=True)]
-    for i, arr in enumerate(images(3, 38)):
-        assert_matches("adjust_gamma", arr, *cases[i % len(cases)])
-    for arr in ramps():
-        for case in cases:
-            assert_matches("adjust_gamma", arr, *case)
-    # numpy scalars: a float16 exponent makes stock's pow() a float16 power.
-    for case in [(np.float16(2.2), 1), (np.float32(1.3), 1), (1.3, np.float32(0.7)), (np.int64(2), np.float16(1.5))]:
-        assert_matches("adjust_gamma", ramps()[1], *case)
-    assert_matches("adjust_gamma", ramps()[1], 2.0, 1)
-
-
 @pytest.mark.parametrize("channels", [1, 3])
 def test_grayscale(channels):
     for arr in images(4, 22):
@@ -374,9 +359,6 @@ def test_stock_errors():
     pil = to_pil(arr)
     for bad in (0.51, -0.6, float("nan"), float("inf")):
         same_error(lambda b=bad: _color.adjust_hue(arr, b), lambda b=bad: F.adjust_hue(pil, b))
-    same_error(lambda: _color.adjust_gamma(arr, -0.1), lambda: F.adjust_gamma(pil, -0.1))
-    same_error(lambda: _color.adjust_gamma(arr, float("nan")), lambda: F.adjust_gamma(pil, float("nan")))
-    same_error(lambda: _color.adjust_gamma(arr, 1.0, float("inf")), lambda: F.adjust_gamma(pil, 1.0, float("inf")))
     for bits in (-1, 0, 9):
         same_error(lambda b=bits: _color.posterize(arr, b), lambda b=bits: F.posterize(pil, b))
     for n in (0, 2, 4):
@@ -395,7 +377,6 @@ def test_stock_errors():
         lambda a: _color.adjust_hue(a, 0.1j),
         lambda a: _color.posterize(a, 3.0),
         lambda a: _color.solarize(a, "128"),
-        lambda a: _color.adjust_gamma(a, 1.0, 1e12),  # wraps in Image.point's int32
     ],
 )
 def test_not_implemented_factors(call):
@@ -440,7 +421,6 @@ def test_input_never_written():
         "adjust_saturation": (1.0,),
         "adjust_sharpness": (1.0,),
         "adjust_hue": (0.2,),
-        "adjust_gamma": (0.8,),
         "rgb_to_grayscale": (1,),
         "posterize": (8,),
         "solarize": (300,),

@@ -18,6 +18,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
+from nanopatch.vision import _geometry as G
 from nanopatch.vision import functional as fn
 from nanopatch.vision import transforms as nt
 
@@ -69,11 +70,11 @@ def test_resize_crop_is_the_full_resize_cropped(seed):
         got = fn.resize_crop(arr, (out_h, out_w), top, left, crop_h, crop_w)
         case = (in_h, in_w, out_h, out_w, top, left, crop_h, crop_w)
         assert np.array_equal(got, full[top : top + crop_h, left : left + crop_w]), case
-        if fn._vertical_first((in_h, in_w), (out_h, out_w)):
+        if G._vertical_first((in_h, in_w), (out_h, out_w)):
             vertical_first += 1
-            boxed += fn._second_pass_plan(in_w, out_w, left, crop_w) is not None
+            boxed += G._second_pass_plan(in_w, out_w, left, crop_w) is not None
         elif out_h != in_h and out_w != in_w:
-            boxed += fn._second_pass_plan(in_h, out_h, top, crop_h) is not None
+            boxed += G._second_pass_plan(in_h, out_h, top, crop_h) is not None
     assert boxed >= 5 and vertical_first >= 3  # the cases reach both orders and the boxed path
 
 
@@ -82,7 +83,7 @@ def test_resize_crop_box_as_wide_as_its_output():
     upscale, 5 columns -> 5) is still a resample, not a copy."""
     rng = np.random.default_rng(0)
     arr = _noise(rng, 538, 374)
-    assert fn._second_pass_plan(374, 390, 192, 5)[1] - fn._second_pass_plan(374, 390, 192, 5)[0] == 5
+    assert G._second_pass_plan(374, 390, 192, 5)[1] - G._second_pass_plan(374, 390, 192, 5)[0] == 5
     got = fn.resize_crop(arr, (157, 390), 2, 192, 154, 5)
     assert np.array_equal(got, fn.resize(arr, (157, 390))[2:156, 192:197])
 
@@ -102,10 +103,10 @@ def test_resize_crop_other_filters_and_crops_that_pad():
 def test_val_resize_takes_the_boxed_path():
     """Resize(256) + CenterCrop(224) of a 500x375 image: the second pass (375 -> 256 rows) runs
     on the 224 kept rows and columns only, from the source rows they read."""
-    first, last, span = fn._second_pass_plan(375, 256, 16, 224)
+    first, last, span = G._second_pass_plan(375, 256, 16, 224)
     assert (first, last) == (23, 352)
     assert span == (0.4375, 328.5625)
-    assert fn._box_is_pillows()
+    assert G._box_is_pillows()
 
 
 @pytest.mark.parametrize(("in_hw", "out_hw"), [((83, 61), (40, 61)), ((83, 61), (83, 30)), ((9, 300), (4, 300))])
@@ -113,17 +114,17 @@ def test_one_axis_pillow_pass_is_pillows(in_hw, out_hw):
     rng = np.random.default_rng(7)
     arr = _noise(rng, *in_hw)
     vertical = out_hw[1] == in_hw[1]
-    assert np.array_equal(fn._pillow_pass(arr, out_hw, vertical=vertical), _pillow(arr, *out_hw))
+    assert np.array_equal(G._pillow_pass(arr, out_hw, vertical=vertical), _pillow(arr, *out_hw))
     view = _noise(rng, in_hw[0], in_hw[1] + 5)[:, 2 : 2 + in_hw[1]]  # a strided view
     want = _pillow(np.ascontiguousarray(view), *out_hw)
-    assert np.array_equal(fn._pillow_pass(view, out_hw, vertical=vertical), want)
+    assert np.array_equal(G._pillow_pass(view, out_hw, vertical=vertical), want)
 
 
 @pytest.mark.parametrize(("in_size", "out_size"), [(375, 256), (500, 341), (100, 37), (37, 100), (64, 63)])
 def test_coefficient_bounds_are_the_lines_pillow_reads(in_size, out_size):
     """Changing a source row outside an output row's [first, first + count) never changes
     Pillow's value for that row, and changing the rows at its ends does (a gradient probe)."""
-    xmin, count, fixed = fn._pillow_coefficients(in_size, 0.0, float(in_size), out_size)
+    xmin, count, fixed = G._pillow_coefficients(in_size, 0.0, float(in_size), out_size)
     assert fixed.shape[0] == out_size
     sums = fixed.sum(axis=1)
     assert np.all(np.abs(sums - (1 << 22)) <= fixed.shape[1])  # normalised weights

@@ -1,2 +1,2 @@
-"""Vision: torchvision's image decoding, datasets (and, next, transforms) on libjpeg-turbo and
-OpenCV. Importing this package is cheap; the submodules import numpy, OpenCV and Pillow."""
+"""Vision: torchvision's image decoding, datasets and transforms on libjpeg-turbo, OpenCV and
+numpy. Importing this package is cheap; the submodules import numpy, OpenCV and Pillow."""

@@ -45,7 +45,6 @@ from ._opencv import cv2
 __all__ = [
     "adjust_brightness",
     "adjust_contrast",
-    "adjust_gamma",
     "adjust_hue",
     "adjust_saturation",
     "adjust_sharpness",
@@ -358,29 +357,7 @@ def adjust_hue(arr: np.ndarray, hue_factor: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# other lookup tables
-
-
-@functools.lru_cache(maxsize=64)
-def _gamma_table(gamma: float, gain: float, _types: tuple[type, type]) -> np.ndarray:
-    # The very expression stock evaluates, on the very objects (a numpy float16 exponent makes
-    # pow() a float16 power), so NaN or overflow also raise what stock raises. ``_types`` keeps
-    # 2.0 and float16(2.0) apart in the cache.
-    table = [int((255 + 1 - 1e-3) * gain * pow(ele / 255.0, gamma)) for ele in range(256)]
-    # Image.point clips to 0..255 what fits a C int (and wraps or refuses the rest).
-    if not all(-(2**31) <= x < 2**31 for x in table):
-        raise NotImplementedError("gamma table overflows Image.point's int32")
-    return np.clip(np.array(table, dtype=np.int64), 0, 255).astype(np.uint8)
-
-
-def adjust_gamma(arr: np.ndarray, gamma: float, gain: float = 1) -> np.ndarray:
-    """``F.adjust_gamma``: a lookup table of ``int(255.999 * gain * (v / 255) ** gamma)``."""
-    arr = _image(arr)
-    _real(gamma, "gamma")
-    _real(gain, "gain")
-    if gamma < 0:
-        raise ValueError("Gamma should be a non-negative real number")
-    return _lut(arr, _gamma_table(gamma, gain, (type(gamma), type(gain))))
+# grayscale and ImageOps
 
 
 def rgb_to_grayscale(arr: np.ndarray, num_output_channels: int = 1) -> np.ndarray:

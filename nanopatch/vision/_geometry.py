@@ -1,23 +1,20 @@
-"""Geometry kernels on HWC uint8 arrays: affine, rotate, gaussian_blur and pad with stock's pixels.
+"""Geometry kernels on HWC uint8 arrays: resize, crops, flips, gaussian_blur and pad with stock's pixels.
 
-Every kernel takes ``arr``, a 3-D ``uint8`` array of shape (H, W, C) with C == 1 (a PIL "L"
-image) or C == 3 ("RGB"), contiguous or not, possibly read-only, and returns a new array; the
-input is never written to. The reference is ``torchvision.transforms.functional.<name>`` on the
-same pixels as a PIL image:
+Every kernel takes ``arr``, a 3-D ``uint8`` array of shape (H, W, C) with C == 1 (what a PIL
+"L" image holds) or C == 3 ("RGB"), possibly a read-only or strided view, and returns a new
+array (or a view of the input where stock would copy unchanged pixels, e.g. a crop inside the
+image); the input is never written to. The reference is
+``torchvision.transforms.functional.<name>`` on the same pixels as a PIL image:
 
-* ``affine`` and ``rotate`` end in Pillow's ``Image.transform(..., AFFINE, ...)``, whose engine
-  is re-implemented here step for step, so the results are bit-exact. Nearest neighbour takes
-  the same one of Pillow's three loops (pure scale: truncated doubles accumulated per row and
-  column; the usual case: 16.16 fixed point; huge coordinates: doubles accumulated along the
-  rows), and OpenCV's nearest remap then only moves whole pixels. Bilinear evaluates Pillow's
-  double-precision lerps in its order and truncates like its cast. Bicubic is not offered: done
-  exactly in NumPy it costs about twice Pillow's time.
+* bilinear resize runs its first pass on torch's uint8 antialiased kernel and its second on
+  Pillow, in the order Pillow resamples the axes: within 1 grey level of Pillow (see
+  ``_bilinear``); nearest resize reproduces Pillow's accumulated source coordinates,
+  bit-exact; the other filters run on Pillow itself, bit-exact;
+* crops, flips and ``pad`` are exact (OpenCV's border modes are NumPy's pad modes, also for
+  pads wider than the image);
 * ``gaussian_blur`` is stock's float32 convolution (the very kernel, reflect padding, round half
   to even) done separably by OpenCV. Stock sums in float32 in its own order, so a value within
-  ~1e-4 of a rounding boundary can round the other way: within 1 grey level of stock, and
-  different on roughly one value in 100,000.
-* ``pad`` is exact (OpenCV's border modes are NumPy's pad modes, also for pads wider than the
-  image).
+  ~1e-4 of a rounding boundary can round the other way: within 1 grey level of stock.
 
 A kernel raises ``NotImplementedError`` for an argument it cannot reproduce (or that makes
 stock raise); the caller then runs stock torchvision on a PIL image instead.
@@ -28,38 +25,32 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import sys
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from ._opencv import cv2
+from ._pixels import contiguous, from_pil, to_pil
 
-__all__ = ["BICUBIC", "BILINEAR", "NEAREST", "affine", "gaussian_blur", "pad", "rotate"]
-
-# torchvision.transforms.InterpolationMode values; InterpolationMode members work too.
+# torchvision.transforms.InterpolationMode values (strings), so this module needs no torchvision.
 NEAREST = "nearest"
 BILINEAR = "bilinear"
 BICUBIC = "bicubic"
+#: Pillow's resampling filter for each InterpolationMode value it implements.
+PIL_FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
-# Pillow's filter numbers for the modes torchvision hands to Image.transform.
-_PIL_NEAREST, _PIL_BILINEAR, _PIL_BICUBIC = 0, 2, 3
-_MODE_TO_PIL = {
-    "nearest": _PIL_NEAREST,
-    "nearest-exact": _PIL_NEAREST,
-    "bilinear": _PIL_BILINEAR,
-    "bicubic": _PIL_BICUBIC,
-}
-_INT_TO_PIL = {0: _PIL_NEAREST, 2: _PIL_BILINEAR, 3: _PIL_BICUBIC}
 
-# OpenCV's remap addresses pixels with 16-bit signed coordinates (and wants both images smaller).
-_REMAP_LIMIT = 32767
-# Pillow's nearest-neighbour affine uses 16.16 fixed point while all four corners stay below this.
-_FIXED_LIMIT = 32768.0
+def _mode_value(interpolation) -> str:
+    return getattr(interpolation, "value", interpolation)
+
+
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-# Matrix entries beyond this would make Pillow's double arithmetic overflow or go undefined.
-_MATRIX_LIMIT = 1e12
+
+
+def is_pil_filter(interpolation) -> bool:
+    """Whether ``interpolation`` (an InterpolationMode or its value) is one of Pillow's filters."""
+    return _mode_value(interpolation) in PIL_FILTERS
 
 
 # --- argument parsing ------------------------------------------------------------------------
@@ -71,19 +62,6 @@ def _check_image(arr: np.ndarray) -> np.ndarray:
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise NotImplementedError("empty image")
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-
-
-def _pil_filter(interpolation) -> int:
-    """Pillow's filter number for an InterpolationMode (or its value, or a Pillow constant)."""
-    if isinstance(interpolation, bool):
-        raise NotImplementedError(f"interpolation {interpolation!r}")
-    if isinstance(interpolation, int):
-        code = _INT_TO_PIL.get(interpolation)
-    else:
-        code = _MODE_TO_PIL.get(getattr(interpolation, "value", interpolation))
-    if code is None:
-        raise NotImplementedError(f"interpolation {interpolation!r}")
-    return code
 
 
 def _fill_color(fill, channels: int) -> tuple[int, ...]:
@@ -123,12 +101,10 @@ def _filled(shape: tuple[int, int, int], color: tuple[int, ...]) -> np.ndarray:
 
 
 # --- scratch memory ----------------------------------------------------------------------------
-# Work arrays are reused per thread, and the output is produced in blocks of rows. Fresh
-# megabyte-sized temporaries on every call make glibc return memory to the kernel and fault it
-# back in on the next call, which can cost more than the arithmetic itself.
+# Work arrays are reused per thread: fresh megabyte-sized temporaries on every call make glibc
+# return memory to the kernel and fault it back in on the next call.
 
-_BLOCK_PIXELS = 65536  # output pixels per block: bigger blocks pay less Python overhead per pixel
-_SCRATCH_LIMIT = 1 << 22  # bytes kept per slot (about 16 slots); a bigger request gets a fresh array
+_SCRATCH_LIMIT = 1 << 22  # bytes kept per slot; a bigger request gets a fresh array
 
 
 class _Scratch(threading.local):
@@ -151,65 +127,7 @@ def _scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     return buffer[:nbytes].view(dtype).reshape(shape)
 
 
-def _row_blocks(out_h: int, out_w: int, pixels: int):
-    """Bands of output rows, about ``pixels`` each (OpenCV's remap takes fewer than 32767 rows)."""
-    rows = max(1, min(pixels // out_w, _REMAP_LIMIT - 1))
-    for y0 in range(0, out_h, rows):
-        yield y0, min(y0 + rows, out_h)
-
-
-def _ensure_written(result: np.ndarray, target: np.ndarray) -> None:
-    """Copy an OpenCV result into ``target`` unless OpenCV already wrote it there (via ``dst=``)."""
-    if result.ctypes.data != target.ctypes.data:
-        target[...] = result.reshape(target.shape)
-
-
-def _packed(arr: np.ndarray, slot: str) -> np.ndarray:
-    """(H, W) array with one element per pixel: the plane of an "L" image, RGBX as int32 for RGB."""
-    height, width, channels = arr.shape
-    if channels == 1:
-        return arr.reshape(height, width)
-    rgbx = cv2().cvtColor(arr, cv2().COLOR_RGB2RGBA, dst=_scratch(slot, (height, width, 4), np.uint8))
-    return rgbx.view(np.int32).reshape(height, width)
-
-
-# --- Pillow's affine engine --------------------------------------------------------------------
-
-
-def _pil_transform_affine(
-    arr: np.ndarray, size: tuple[int, int], matrix: Sequence[float], resample: int, fill: tuple[int, ...]
-) -> np.ndarray:
-    """``Image.transform(size, Image.AFFINE, matrix, resample, fillcolor=fill)`` on an array.
-
-    ``matrix`` maps output pixel centres to input coordinates; ``size`` is (width, height).
-    """
-    if resample not in (_PIL_NEAREST, _PIL_BILINEAR):
-        raise NotImplementedError(f"Pillow filter {resample} (exact in NumPy only at twice stock's cost)")
-    a = [float(v) for v in matrix[:6]]
-    if len(a) != 6 or not all(math.isfinite(v) and abs(v) < _MATRIX_LIMIT for v in a):
-        raise NotImplementedError(f"affine matrix {matrix!r}")
-    out_w, out_h = int(size[0]), int(size[1])
-    if out_w <= 0 or out_h <= 0 or max(out_w, out_h) > 1 << 24:
-        raise NotImplementedError(f"output size {size!r}")
-    if resample == _PIL_BILINEAR:
-        return _bilinear(arr, out_w, out_h, a, fill)
-    # Pillow picks one of three nearest-neighbour loops; each rounds differently.
-    if a[1] == 0 and a[3] == 0:
-        tables = _scale_tables(arr, out_w, out_h, a)
-    elif all(
-        abs(x * a[0] + y * a[1] + a[2]) < _FIXED_LIMIT and abs(x * a[3] + y * a[4] + a[5]) < _FIXED_LIMIT
-        for x, y in ((0, 0), (out_w, out_h), (0, out_h), (out_w, 0))
-    ):
-        tables = _fixed_tables(out_w, out_h, a)
-    else:
-        tables = _accumulated_tables(arr, out_w, out_h, a)
-    return _gather_nearest(arr, out_w, out_h, tables, fill)
-
-
-# Nearest neighbour. Each strategy returns a function giving, for the output rows [y0, y1), the
-# source pixel of every output pixel: as an OpenCV remap table, (rows, W_out, 2) int16 (x, y),
-# when ``packed`` (the source is then smaller than 32767 a side), else as int32 (xs, ys).
-# Coordinates outside the source (including -1 for "outside" from a double loop) get the fill.
+# --- resize ------------------------------------------------------------------------------
 
 
 def _accumulate(start: float, step: float, count: int) -> np.ndarray:
@@ -219,353 +137,287 @@ def _accumulate(start: float, step: float, count: int) -> np.ndarray:
     return np.add.accumulate(values)
 
 
-def _coord_index(values: np.ndarray, limit: int) -> np.ndarray:
-    """Pillow's COORD() truncation of source coordinates, as int32, -1 where outside [0, limit)."""
-    inside = (values >= 0.0) & (values < limit)
-    return np.where(inside, np.floor(np.where(inside, values, 0.0)), -1.0).astype(np.int32)
+def _vertical_first(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
+    """Whether Pillow resamples the rows before the columns for this resize.
+
+    Pillow 10.4+ does the vertical pass first when it shrinks the height by more than twice
+    what it shrinks the width (so the second pass runs on fewer rows); older Pillow always
+    went horizontal first.
+    """
+    return _pillow_picks_order() and in_hw[0] > out_hw[0] and (in_hw[0] - out_hw[0]) > 2 * (in_hw[1] - out_hw[1])
 
 
-def _remap_table(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """The int16 (x, y) table of int32 coordinates within int16 range. Clobbers ``xs``, ``ys``."""
-    low, high = (xs, ys) if sys.byteorder == "little" else (ys, xs)
-    np.left_shift(high, 16, out=high)
-    np.bitwise_and(low, 0xFFFF, out=low)
-    np.bitwise_or(high, low, out=high)
-    return high.view(np.int16).reshape(*high.shape, 2)
+@functools.cache
+def _pillow_picks_order() -> bool:
+    """Whether this Pillow resamples rows first when the height shrinks most: a direct resize of
+    a noise image is compared with Pillow's own two single-axis passes in either order."""
+    from PIL import Image
+
+    noise = Image.fromarray(np.random.default_rng(7).integers(0, 256, (40, 9), dtype=np.uint8))
+    direct = np.asarray(noise.resize((8, 5), Image.BILINEAR))
+    rows_first = np.asarray(noise.resize((9, 5), Image.BILINEAR).resize((8, 5), Image.BILINEAR))
+    columns_first = np.asarray(noise.resize((8, 40), Image.BILINEAR).resize((8, 5), Image.BILINEAR))
+    return bool(np.array_equal(direct, rows_first) and not np.array_equal(direct, columns_first))
 
 
-def _scale_tables(arr: np.ndarray, out_w: int, out_h: int, a: list[float]):
-    """Pillow's loop for a pure scale + translation: one truncated double per column and per row,
-    each accumulated from half a step by repeated addition."""
-    height, width, _ = arr.shape
-    cols = _coord_index(_accumulate(a[2] + a[0] * 0.5, a[0], out_w), width)
-    rows = _coord_index(_accumulate(a[5] + a[4] * 0.5, a[4], out_h), height)
+def _torch_pass(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """One axis of a bilinear antialiased resize by torch's uint8 kernel (``size`` differs from
+    ``arr``'s in one axis only, so the kernel runs one pass): HWC-contiguous uint8 out."""
+    import torch
+    import torch.nn.functional as tf
 
-    def block(y0: int, y1: int, packed: bool):
-        xs = _scratch("map_x", (y1 - y0, out_w), np.int32)
-        ys = _scratch("map_y", (y1 - y0, out_w), np.int32)
-        xs[...] = cols
-        ys[...] = rows[y0:y1, None]
-        return _remap_table(xs, ys) if packed else (xs, ys)
+    if not (arr.flags.c_contiguous and arr.flags.writeable):
+        arr = arr.copy()  # torch warns about read-only arrays (it only reads this one)
+    t = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)  # 1CHW view, channels-last memory
+    t = tf.interpolate(t, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
+    if t.shape[1] > 1 and not t.is_contiguous(memory_format=torch.channels_last):
+        # the kernel returns planar (NCHW) memory: interleave the planes again (cv2.merge is
+        # ~30x faster than a numpy transpose copy), so later steps get HWC-contiguous pixels
+        return cv2().merge(list(t[0].numpy()))
+    return t[0].permute(1, 2, 0).numpy()
 
-    return block
+
+def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Pillow's bilinear resize within one grey level, faster than Pillow.
+
+    Pillow resamples one axis, rounds to uint8, then the other. torch's uint8 kernel computes
+    each pass within one level of Pillow's (it uses 16-bit weights where Pillow uses 22-bit
+    ones), but two such passes can add up to two levels. So torch does the first (larger) pass
+    and Pillow the second: an exact pass with non-negative weights moves a one-level error in
+    its input by at most one level, and rounding is monotone, so the result stays within one.
+    """
+    in_h, in_w = arr.shape[:2]
+    out_h, out_w = size
+    if out_h == in_h or out_w == in_w:
+        return _torch_pass(arr, size)  # a single pass
+    if _vertical_first((in_h, in_w), size):
+        return _pillow_pass(_torch_pass(arr, (out_h, in_w)), size, vertical=False)
+    return _pillow_pass(_torch_pass(arr, (in_h, out_w)), size, vertical=True)
 
 
-def _fixed_tables(out_w: int, out_h: int, a: list[float]):
-    """Pillow's usual loop: the matrix (shifted to pixel centres) rounded to 16.16 fixed point,
-    stepped with integer additions; the source pixel is the value >> 16."""
+def _pillow_pass(
+    arr: np.ndarray, size: tuple[int, int], span: tuple[float, float] | None = None, *, vertical: bool
+) -> np.ndarray:
+    """One axis of Pillow's bilinear resize to ``size``, bit-exact: the rows (``vertical``) or
+    the columns; ``size`` keeps the other axis. ``span``: the (start, end) source box along the
+    axis, as ``Image.resize``'s ``box`` takes it (float32 values), else the whole axis.
 
-    def fix(v: float) -> int:
-        return math.floor(v * 65536.0 + 0.5)
+    A vertical pass mixes rows only, so the (H, W, C) pixels go to Pillow as one "L" image of
+    W * C columns, shared with the array (no conversion to Pillow's 4-byte RGB pixels) and
+    computed with Pillow's single-band loop, which is faster than its RGB one."""
+    from PIL import Image
 
-    terms = []
-    for step_x, step_y, start in (
-        (fix(a[0]), fix(a[1]), fix(a[2] + a[0] * 0.5 + a[1] * 0.5)),
-        (fix(a[3]), fix(a[4]), fix(a[5] + a[3] * 0.5 + a[4] * 0.5)),
+    in_h, in_w, channels = arr.shape
+    out_h, out_w = size
+    filt = PIL_FILTERS[BILINEAR]
+    if vertical:
+        arr = np.ascontiguousarray(arr)
+        flat = Image.frombuffer("L", (in_w * channels, in_h), arr, "raw", "L", 0, 1)
+        box = (0, 0, in_w * channels, in_h) if span is None else (0, span[0], in_w * channels, span[1])
+        return np.asarray(flat.resize((in_w * channels, out_h), filt, box)).reshape(out_h, out_w, channels)
+    box = (0, 0, in_w, in_h) if span is None else (span[0], 0, span[1], in_h)
+    return from_pil(to_pil(arr).resize((out_w, out_h), filt, box))
+
+
+def _pillow_coefficients(in_size: int, in0: float, in1: float, out_size: int):
+    """Pillow's bilinear weights for one axis (``precompute_coeffs`` + ``normalize_coeffs_8bpc``
+    in Resample.c, the same double arithmetic in the same order): per output pixel the first
+    source index, the number of taps, and the 22-bit fixed-point weights (out_size, ksize).
+    ``in0``/``in1`` are the box's float32 bounds along the axis."""
+    f32 = np.float32
+    scale = float(f32(f32(in1) - f32(in0))) / out_size
+    filterscale = max(scale, 1.0)
+    support = filterscale  # the bilinear filter's support is 1
+    ksize = math.ceil(support) * 2 + 1
+    center = float(f32(in0)) + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
+    ss = 1.0 / filterscale
+    xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+    count = np.minimum(np.trunc(center + support + 0.5), in_size).astype(np.int64) - xmin
+    taps = np.arange(ksize)
+    weights = np.abs(((taps[None, :] + xmin[:, None]).astype(np.float64) - center[:, None] + 0.5) * ss)
+    weights = np.where((weights < 1.0) & (taps[None, :] < count[:, None]), 1.0 - weights, 0.0)
+    total = weights[:, 0].copy()
+    for i in range(1, ksize):  # summed in Pillow's order
+        total += weights[:, i]
+    safe = np.where(total != 0.0, total, 1.0)
+    fixed = np.trunc(0.5 + (weights / safe[:, None]) * float(1 << 22)).astype(np.int64)
+    return xmin, count, fixed
+
+
+@functools.lru_cache(maxsize=1024)
+def _second_pass_plan(in_size: int, out_size: int, start: int, length: int):
+    """For Pillow's second pass, along an axis resized ``in_size`` -> ``out_size``, of which only
+    outputs ``[start, start + length)`` are wanted: the source lines ``(first, last)`` they read,
+    and the box (float32 bounds within those lines) for which Pillow computes exactly those
+    outputs with exactly the same weights; None when no such box exists (float32 box bounds
+    shift the filter centres unless they are exact, as when ``out_size`` is a power of two)."""
+    xmin, count, fixed = _pillow_coefficients(in_size, 0.0, float(in_size), out_size)
+    end = start + length
+    first, last = int(xmin[start]), int((xmin[start:end] + count[start:end]).max())
+    scale = in_size / out_size
+    lo = float(np.float32(start * scale - first))
+    hi = float(np.float32(lo + length * scale))
+    if not (0.0 <= lo < hi <= last - first) or not _box_is_pillows():
+        return None
+    sub_min, sub_count, sub_fixed = _pillow_coefficients(last - first, lo, hi, length)
+    if sub_fixed.shape[1] != fixed.shape[1] or not (
+        np.array_equal(sub_min + first, xmin[start:end])
+        and np.array_equal(sub_count, count[start:end])
+        and np.array_equal(sub_fixed, fixed[start:end])
     ):
-        extremes = [start + x * step_x + y * step_y for x in (0, out_w - 1) for y in (0, out_h - 1)]
-        if not all(_INT32_MIN <= v <= _INT32_MAX for v in (step_x, step_y, start, *extremes)):
-            raise NotImplementedError("fixed-point overflow in Pillow's affine")
-        # Every sum fits int32 (it is linear, and checked at the corners), so wrapping int32
-        # arithmetic gives it exactly even where a partial product x * step does not fit.
-        row_start = (start + np.arange(out_h, dtype=np.int64) * step_y).astype(np.int32)
-        along = (np.arange(out_w, dtype=np.int64) * step_x).astype(np.int32)
-        terms.append((row_start[:, None], along[None, :]))
-    # value >> 16 is an int16: as the low half of the table entry it is the unsigned shift of
-    # the value, as the high half it is the value with its low 16 bits cleared.
-    low, high = (0, 1) if sys.byteorder == "little" else (1, 0)
-
-    def block(y0: int, y1: int, packed: bool):
-        shape = (y1 - y0, out_w)
-        if not packed:
-            maps = []
-            for slot, (row_start, along) in zip(("map_x", "map_y"), terms, strict=True):
-                value = np.add(row_start[y0:y1], along, out=_scratch(slot, shape, np.int32))
-                maps.append(np.right_shift(value, 16, out=value))
-            return maps[0], maps[1]
-        row_start, along = terms[high]
-        table = np.add(row_start[y0:y1], along, out=_scratch("map_y", shape, np.int32))
-        np.bitwise_and(table, -65536, out=table)
-        row_start, along = terms[low]
-        shifted = np.add(row_start[y0:y1], along, out=_scratch("map_x", shape, np.int32)).view(np.uint32)
-        np.right_shift(shifted, 16, out=shifted)
-        np.bitwise_or(table, shifted.view(np.int32), out=table)
-        return table.view(np.int16).reshape(*shape, 2)
-
-    return block
+        return None
+    return first, last, (lo, hi)
 
 
-def _accumulated_tables(arr: np.ndarray, out_w: int, out_h: int, a: list[float]):
-    """Pillow's loop for coordinates beyond fixed point: doubles stepped along each row from a
-    per-row start, itself stepped from row to row, truncated."""
-    height, width, _ = arr.shape
-    starts = [
-        _accumulate(a[2] + a[1] * 0.5 + a[0] * 0.5, a[1], out_h),
-        _accumulate(a[5] + a[4] * 0.5 + a[3] * 0.5, a[4], out_h),
-    ]
-
-    def block(y0: int, y1: int, packed: bool):
-        maps = []
-        for start, step, limit in zip(starts, (a[0], a[3]), (width, height), strict=True):
-            values = np.full((y1 - y0, out_w), step, dtype=np.float64)
-            values[:, 0] = start[y0:y1]
-            maps.append(_coord_index(np.add.accumulate(values, axis=1), limit))
-        return _remap_table(*maps) if packed else (maps[0], maps[1])
-
-    return block
-
-
-def _gather_nearest(arr: np.ndarray, out_w: int, out_h: int, tables, fill: tuple[int, ...]) -> np.ndarray:
-    """out[y, x] = arr[source of (x, y)], or ``fill`` where the source lies outside ``arr``."""
-    height, width, channels = arr.shape
-    if max(height, width, out_w) >= _REMAP_LIMIT:  # too large for OpenCV's remap
-        out = _filled((out_h, out_w, channels), fill)
-        for y0, y1 in _row_blocks(out_h, out_w, _BLOCK_PIXELS):
-            xs, ys = tables(y0, y1, False)
-            inside = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height)
-            out[y0:y1][inside] = arr[ys[inside], xs[inside]]
-        return out
-    # OpenCV's nearest remap with a constant border does exactly this lookup. It moves one
-    # element per pixel, so RGB travels packed as RGBX int32.
-    source = _packed(arr, "packed_source")
-    if channels == 1:
-        out = np.empty((out_h, out_w), dtype=np.uint8)
-        border = fill[0]
-    else:
-        out = _scratch("packed_out", (out_h, out_w), np.int32)
-        border = int(np.array([*fill, 255], dtype=np.uint8).view(np.int32)[0])
-    for y0, y1 in _row_blocks(out_h, out_w, _BLOCK_PIXELS):
-        target = out[y0:y1]
-        result = cv2().remap(
-            source,
-            tables(y0, y1, True),
-            None,
-            cv2().INTER_NEAREST,
-            dst=target,
-            borderMode=cv2().BORDER_CONSTANT,
-            borderValue=(border, 0, 0, 0),
-        )
-        _ensure_written(result, target)
-    if channels == 1:
-        return out.reshape(out_h, out_w, 1)
-    return cv2().cvtColor(out.view(np.uint8).reshape(out_h, out_w, 4), cv2().COLOR_RGBA2RGB)
-
-
-def _bilinear(arr: np.ndarray, out_w: int, out_h: int, a: list[float], fill: tuple[int, ...]) -> np.ndarray:
-    """Pillow's generic affine engine with its BILINEAR filter, operation for operation.
-
-    Each output pixel centre goes through the matrix in doubles; outside [0, size) the pixel
-    keeps the fill, else Pillow takes the 2x2 neighbours of (x - 0.5, y - 0.5) with clamped
-    indices and computes top = a + (b - a) * dx, bottom likewise, top + (bottom - top) * dy in
-    doubles, truncated to uint8.
-    """
-    height, width, channels = arr.shape
-    # A replicated border of 1 pixel turns Pillow's index clamping into plain reads: padded
-    # (y + 1, x + 1) is source (clamp(y), clamp(x)). Below it come 2 rows of the fill colour;
-    # pixels outside the image read their 4 taps there, and interpolating between equal taps
-    # gives exactly that value whatever the fractions.
-    padded_h, padded_w = height + 2, width + 2
-    padded = _scratch("padded", (padded_h + 2, padded_w, channels), np.uint8)
-    target = padded[:padded_h, :, 0] if channels == 1 else padded[:padded_h]
-    _ensure_written(cv2().copyMakeBorder(arr, 1, 1, 1, 1, cv2().BORDER_REPLICATE, dst=target), target)
-    padded[padded_h:] = fill
-    source = _packed(padded, "packed_source").ravel()
-    sentinel = padded_h * padded_w
-
-    x_centre = np.arange(out_w, dtype=np.float64) + 0.5
-    y_centre = np.arange(out_h, dtype=np.float64) + 0.5
-    x_terms = [(a[0] * x_centre)[None, :], (a[3] * x_centre)[None, :]]
-    y_terms = [(a[1] * y_centre)[:, None], (a[4] * y_centre)[:, None]]
-    # Far more than the few ulps a position can be off by, relative to the terms summed.
-    margins = tuple(1e-9 * (1.0 + abs(p) * out_w + abs(q) * out_h + abs(r)) for p, q, r in (a[0:3], a[3:6]))
-    out = np.empty((out_h, out_w, channels), dtype=np.uint8)
-    for y0, y1 in _row_blocks(out_h, out_w, _BLOCK_PIXELS):
-        shape = (y1 - y0, out_w)
-        count = shape[0] * out_w
-        # Source position: Pillow's a0 * x + a1 * y + a2 at the pixel centre.
-        pos_x = np.add(x_terms[0], y_terms[0][y0:y1], out=_scratch("pos_x", shape, np.float64))
-        pos_x += a[2]
-        pos_y = np.add(x_terms[1], y_terms[1][y0:y1], out=_scratch("pos_y", shape, np.float64))
-        pos_y += a[5]
-        outside = None
-        if not _block_inside(pos_x, pos_y, width, height, margins):
-            outside = (pos_x < 0.0) | (pos_x >= width) | (pos_y < 0.0) | (pos_y >= height)
-        pos_x -= 0.5
-        pos_y -= 0.5
-        base_x = np.floor(pos_x, out=_scratch("base_x", shape, np.float64))
-        base_y = np.floor(pos_y, out=_scratch("base_y", shape, np.float64))
-        frac_x = np.subtract(pos_x, base_x, out=pos_x).reshape(count)
-        frac_y = np.subtract(pos_y, base_y, out=pos_y).reshape(count)
-        # Pixels inside have bases >= -1; clipping only keeps the others' reads in bounds.
-        np.clip(base_x, -1, width - 1, out=base_x)
-        np.clip(base_y, -1, height - 1, out=base_y)
-        base_y += 1  # index of the top-left tap in the padded image
-        base_y *= padded_w
-        base_y += base_x
-        base_y += 1
-        if outside is not None:
-            np.copyto(base_y, sentinel, where=outside)
-        index = _scratch("index", (count,), np.intp)
-        np.copyto(index, base_y.reshape(count), casting="unsafe")
-        top = _lerp(_tap(source, index, 0, channels, "tap"), _tap(source, index, 1, channels, "top"), frac_x)
-        below = source[padded_w:]
-        bottom = _lerp(_tap(below, index, 0, channels, "tap"), _tap(below, index, 1, channels, "bottom"), frac_x)
-        value = _lerp(top, bottom, frac_y)  # within [0, 255], so the cast truncates like Pillow's
-        planes = _scratch("planes", (channels, count), np.uint8)
-        np.copyto(planes, value, casting="unsafe")
-        if channels == 1:
-            out[y0:y1] = planes.reshape(*shape, 1)
-        else:
-            target = out[y0:y1]
-            _ensure_written(cv2().merge([plane.reshape(shape) for plane in planes], dst=target), target)
-    return out
-
-
-def _block_inside(pos_x: np.ndarray, pos_y: np.ndarray, width: int, height: int, margins: tuple[float, float]) -> bool:
-    """Whether every position of a block lies safely inside [0, width) x [0, height).
-
-    The positions are an affine function of the pixel, so over a rectangular block they reach
-    their extremes at its corners; ``margins`` cover the rounding of the per-pixel doubles.
-    """
-    for pos, limit, margin in ((pos_x, width, margins[0]), (pos_y, height, margins[1])):
-        corners = (pos[0, 0], pos[0, -1], pos[-1, 0], pos[-1, -1])
-        if min(corners) < margin or max(corners) >= limit - margin:
+@functools.cache
+def _box_is_pillows() -> bool:
+    """Whether Pillow's resize of a box gives what ``_second_pass_plan`` predicts (the outputs of
+    the whole-axis resize), checked on noise images of a few shapes before it is relied on."""
+    rng = np.random.default_rng(11)
+    for in_size, out_size, start, length in (
+        (375, 256, 16, 224),
+        (500, 256, 16, 224),
+        (300, 128, 5, 100),
+        (100, 160, 7, 50),
+    ):
+        xmin, count, _ = _pillow_coefficients(in_size, 0.0, float(in_size), out_size)
+        end = start + length
+        first, last = int(xmin[start]), int((xmin[start:end] + count[start:end]).max())
+        scale = in_size / out_size
+        lo = float(np.float32(start * scale - first))
+        span = (lo, float(np.float32(lo + length * scale)))
+        pixels = rng.integers(0, 256, (in_size, 7, 3), dtype=np.uint8)
+        whole = _pillow_pass(pixels, (out_size, 7), vertical=True)[start:end]
+        if not np.array_equal(_pillow_pass(pixels[first:last], (length, 7), span, vertical=True), whole):
+            return False
+        across = np.ascontiguousarray(pixels.transpose(1, 0, 2))
+        whole = _pillow_pass(across, (7, out_size), vertical=False)[:, start:end]
+        part = np.ascontiguousarray(across[:, first:last])
+        if not np.array_equal(_pillow_pass(part, (7, length), span, vertical=False), whole):
             return False
     return True
 
 
-def _tap(source: np.ndarray, index: np.ndarray, offset: int, channels: int, slot: str) -> np.ndarray:
-    """(C, N) float64 planes of source[index + offset] (packed pixels)."""
-    count = index.size
-    gathered = _scratch("gathered", (count,), source.dtype)
-    np.take(source[offset:], index, out=gathered, mode="clip")
-    planes = gathered[None, :] if channels == 1 else gathered.view(np.uint8).reshape(count, 4).T[:channels]
-    result = _scratch(slot, (channels, count), np.float64)
-    np.copyto(result, planes, casting="unsafe")
-    return result
-
-
-def _lerp(low: np.ndarray, high: np.ndarray, frac: np.ndarray) -> np.ndarray:
-    """low + (high - low) * frac in doubles, as Pillow's BILINEAR macro; overwrites ``high``."""
-    high -= low
-    high *= frac
-    high += low
-    return high
-
-
-# --- public kernels --------------------------------------------------------------------------
-
-
-def affine(
-    arr: np.ndarray,
-    angle: float,
-    translate: Sequence[float],
-    scale: float,
-    shear: float | Sequence[float],
-    interpolation=NEAREST,
-    fill=None,
-    center: Sequence[float] | None = None,
+def resize_crop(
+    arr: np.ndarray, size: Sequence[int], top: int, left: int, height: int, width: int, interpolation=BILINEAR
 ) -> np.ndarray:
-    """``torchvision.transforms.functional.affine`` on a PIL image, bit-exact, on (H, W, C) uint8.
-
-    The inverse matrix comes from torchvision's own ``_get_inverse_affine_matrix`` (centre
-    defaults to (W / 2, H / 2) as torchvision uses for PIL); Pillow's ``Image.transform`` is then
-    reproduced exactly for NEAREST (and NEAREST_EXACT, which torchvision maps to it) and
-    BILINEAR. ``interpolation`` is an InterpolationMode, its value or a Pillow filter number;
-    ``fill`` is None, a number or a sequence (length 1 or C), as stock accepts it.
-
-    Raises NotImplementedError (run stock instead) for BICUBIC and the other modes, for
-    arguments stock rejects (bad types or lengths, scale <= 0, a fill of the wrong length), for
-    matrices with non-finite or enormous (>= 1e12) entries, and for an input that is not an
-    (H, W, 1|3) uint8 array.
-    """
-    arr = _check_image(arr)
-    resample = _pil_filter(interpolation)
-    if not isinstance(angle, (int, float)) or isinstance(angle, bool):
-        raise NotImplementedError(f"angle {angle!r}")
-    if not isinstance(translate, (list, tuple)) or len(translate) != 2:
-        raise NotImplementedError(f"translate {translate!r}")
-    if not isinstance(scale, numbers.Real) or not scale > 0.0:
-        raise NotImplementedError(f"scale {scale!r}")
-    if isinstance(shear, numbers.Number):
-        shear = [shear, 0.0]
-    elif isinstance(shear, (list, tuple)) and len(shear) in (1, 2):
-        shear = [shear[0], shear[0]] if len(shear) == 1 else list(shear)
-    else:
-        raise NotImplementedError(f"shear {shear!r}")
-    height, width, channels = arr.shape
-    if center is None:
-        center = [width * 0.5, height * 0.5]
-    elif not isinstance(center, (list, tuple)) or len(center) != 2:
-        raise NotImplementedError(f"center {center!r}")
-    color = _fill_color(fill, channels)
-    from torchvision.transforms.functional import _get_inverse_affine_matrix
-
-    try:
-        matrix = _get_inverse_affine_matrix(center, float(angle), list(translate), scale, shear)
-    except (ArithmeticError, TypeError, ValueError) as exc:
-        raise NotImplementedError(f"affine parameters: {exc}") from exc
-    return _pil_transform_affine(arr, (width, height), matrix, resample, color)
+    """``crop(resize(arr, size, interpolation), top, left, height, width)``, the same pixels,
+    computing only what the crop keeps where that is exact (a bilinear resize, a box inside the
+    resized image): the first pass only on the source lines the second pass reads for the
+    box, the second pass only on the box's columns (rows), and only for its rows (columns) when
+    a Pillow box gives the very same weights (see ``_second_pass_plan``)."""
+    out_h, out_w = int(size[0]), int(size[1])
+    in_h, in_w = arr.shape[:2]
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    inside = 0 <= top and 0 <= left and top + height <= out_h and left + width <= out_w
+    if (
+        not inside
+        or _mode_value(interpolation) != BILINEAR
+        or arr.shape[2] != 3
+        or min(in_h, in_w, out_h, out_w, height, width) < 2
+        or (out_h, out_w) == (in_h, in_w)
+    ):
+        return crop(resize(arr, (out_h, out_w), interpolation), top, left, height, width)
+    if out_w == in_w:  # one vertical pass: the columns are independent
+        return _torch_pass(arr[:, left : left + width], (out_h, width))[top : top + height]
+    if out_h == in_h:  # one horizontal pass: the rows are independent
+        return _torch_pass(arr[top : top + height], (height, out_w))[:, left : left + width]
+    if _vertical_first((in_h, in_w), (out_h, out_w)):  # torch down the columns, Pillow along the rows
+        plan = _second_pass_plan(in_w, out_w, left, width)
+        if plan is None or plan[1] - plan[0] < 2:
+            mid = _torch_pass(arr, (out_h, in_w))[top : top + height]
+            return _pillow_pass(mid, (height, out_w), vertical=False)[:, left : left + width]
+        first, last, span = plan
+        mid = _torch_pass(arr[:, first:last], (out_h, last - first))[top : top + height]
+        return _pillow_pass(mid, (height, width), span, vertical=False)
+    plan = _second_pass_plan(in_h, out_h, top, height)  # torch along the rows, Pillow down the columns
+    if plan is None or plan[1] - plan[0] < 2:
+        mid = _torch_pass(arr, (in_h, out_w))[:, left : left + width]
+        return _pillow_pass(mid, (out_h, width), vertical=True)[top : top + height]
+    first, last, span = plan
+    mid = _torch_pass(arr[first:last], (last - first, out_w))[:, left : left + width]
+    return _pillow_pass(mid, (height, width), span, vertical=True)
 
 
-def rotate(
-    arr: np.ndarray,
-    angle: float,
-    interpolation=NEAREST,
-    expand: bool = False,
-    center: Sequence[float] | None = None,
-    fill=None,
-) -> np.ndarray:
-    """``torchvision.transforms.functional.rotate`` on a PIL image, bit-exact, on (H, W, C) uint8.
+def _nearest_positions(in_len: int, out_len: int) -> np.ndarray:
+    """Pillow's nearest-neighbour source index per output pixel: a double that starts at half a
+    step and grows by the step, truncated (accumulated in the same order as Pillow's loop)."""
+    step = in_len / out_len
+    return np.minimum(_accumulate(step * 0.5, step, out_len).astype(np.int64), in_len - 1)
 
-    Follows Pillow's ``Image.rotate``: angle taken modulo 360; without a centre, 0 / 180 degrees
-    (and 90 / 270 when expanding or for a square image) are plain copies / transposes whatever
-    the filter; otherwise the matrix with cos/sin rounded to 15 decimals around ``center``
-    (default (W / 2, H / 2)), the ``expand`` canvas (ceil/floor of the turned corners) and
-    Pillow's affine engine, reproduced exactly for NEAREST (NEAREST_EXACT) and BILINEAR.
 
-    Raises NotImplementedError (run stock instead) for BICUBIC except on those transposes, for
-    other modes, for arguments stock rejects (a non-number angle, a centre that is not a
-    2-sequence, a fill of the wrong length) and for an input that is not an (H, W, 1|3) uint8
-    array.
-    """
-    arr = _check_image(arr)
-    resample = _pil_filter(interpolation)
-    if not isinstance(angle, (int, float)) or isinstance(angle, bool) or not math.isfinite(angle):
-        raise NotImplementedError(f"angle {angle!r}")
-    if center is not None and (not isinstance(center, (list, tuple)) or len(center) != 2):
-        raise NotImplementedError(f"center {center!r}")
-    height, width, channels = arr.shape
-    color = _fill_color(fill, channels)
+def resize(arr: np.ndarray, size: Sequence[int], interpolation=BILINEAR) -> np.ndarray:
+    """``arr`` resized to ``size`` = (h, w) as Pillow's ``Image.resize`` does it."""
+    out_h, out_w = int(size[0]), int(size[1])
+    mode = _mode_value(interpolation)
+    if mode not in PIL_FILTERS or out_h <= 0 or out_w <= 0:
+        raise NotImplementedError(f"resize with {interpolation!r} to {size!r}")
+    in_h, in_w = arr.shape[:2]
+    if (out_h, out_w) == (in_h, in_w):
+        return arr
+    if in_h == 0 or in_w == 0:
+        raise NotImplementedError("resize of an empty image")  # Pillow has its own answer
+    if mode == NEAREST:
+        return arr[_nearest_positions(in_h, out_h)][:, _nearest_positions(in_w, out_w)]
+    if mode == BILINEAR and arr.shape[2] == 3 and min(in_h, in_w, out_h, out_w) > 1:
+        # (torch's kernel trips an internal assert on some 1-pixel-wide shapes: Pillow does those)
+        return _bilinear(arr, (out_h, out_w))
+    return from_pil(to_pil(arr).resize((out_w, out_h), PIL_FILTERS[mode]))
 
-    angle = angle % 360.0
-    if not center:
-        quarter = {90: cv2().ROTATE_90_COUNTERCLOCKWISE, 180: cv2().ROTATE_180, 270: cv2().ROTATE_90_CLOCKWISE}
-        if angle == 0:
-            return arr.copy()
-        if angle == 180 or (angle in (90, 270) and (expand or width == height)):
-            turned = cv2().rotate(arr, quarter[int(angle)])
-            return turned.reshape(*turned.shape[:2], channels)
 
-    cx, cy = (width / 2, height / 2) if center is None else center
-    theta = -math.radians(angle)
-    cos_t, sin_t = round(math.cos(theta), 15), round(math.sin(theta), 15)
-    m = [cos_t, sin_t, 0.0, round(-math.sin(theta), 15), cos_t, 0.0]
+# --- crops and flips -------------------------------------------------------------------------
 
-    def apply(x: float, y: float) -> tuple[float, float]:
-        return m[0] * x + m[1] * y + m[2], m[3] * x + m[4] * y + m[5]
 
-    m[2], m[5] = apply(-cx, -cy)
-    m[2] += cx
-    m[5] += cy
-    out_w, out_h = width, height
-    if expand:
-        turned = [apply(x, y) for x, y in ((0, 0), (width, 0), (width, height), (0, height))]
-        xs, ys = [p[0] for p in turned], [p[1] for p in turned]
-        out_w = math.ceil(max(xs)) - math.floor(min(xs))
-        out_h = math.ceil(max(ys)) - math.floor(min(ys))
-        m[2], m[5] = apply(-(out_w - width) / 2.0, -(out_h - height) / 2.0)
-    return _pil_transform_affine(arr, (out_w, out_h), m, resample, color)
+def crop(arr: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    """The box as Pillow crops it: a view when it lies inside the image, zeros where it does
+    not (Pillow pads a box that runs off the image with black)."""
+    in_h, in_w, channels = arr.shape
+    top, left, height, width = int(top), int(left), int(height), int(width)
+    if top >= 0 and left >= 0 and top + height <= in_h and left + width <= in_w and height >= 0 and width >= 0:
+        return arr[top : top + height, left : left + width]
+    out = np.zeros((max(height, 0), max(width, 0), channels), np.uint8)
+    y0, y1 = max(top, 0), min(top + height, in_h)
+    x0, x1 = max(left, 0), min(left + width, in_w)
+    if y1 > y0 and x1 > x0:
+        out[y0 - top : y1 - top, x0 - left : x1 - left] = arr[y0:y1, x0:x1]
+    return out
+
+
+def center_crop(arr: np.ndarray, output_size: Sequence[int]) -> np.ndarray:
+    """``F.center_crop`` on a PIL image: pad with zeros when the crop is larger, then crop at
+    the rounded centre."""
+    crop_h, crop_w = int(output_size[0]), int(output_size[1])
+    in_h, in_w = arr.shape[:2]
+    if crop_w > in_w or crop_h > in_h:
+        pad_left = (crop_w - in_w) // 2 if crop_w > in_w else 0
+        pad_top = (crop_h - in_h) // 2 if crop_h > in_h else 0
+        padded_h = in_h + pad_top + ((crop_h - in_h + 1) // 2 if crop_h > in_h else 0)
+        padded_w = in_w + pad_left + ((crop_w - in_w + 1) // 2 if crop_w > in_w else 0)
+        arr = crop(arr, -pad_top, -pad_left, padded_h, padded_w)
+        in_h, in_w = padded_h, padded_w
+        if (crop_h, crop_w) == (in_h, in_w):
+            return arr
+    top = round((in_h - crop_h) / 2.0)
+    left = round((in_w - crop_w) / 2.0)
+    return crop(arr, top, left, crop_h, crop_w)
+
+
+def resized_crop(arr, top, left, height, width, size, interpolation=BILINEAR) -> np.ndarray:
+    return resize(crop(arr, top, left, height, width), size, interpolation)
+
+
+def hflip(arr: np.ndarray) -> np.ndarray:
+    if arr.size == 0:
+        return arr[:, ::-1].copy()  # cv2.flip returns None for an empty image
+    flipped = cv2().flip(contiguous(arr), 1)
+    return flipped[:, :, None] if flipped.ndim == 2 else flipped
+
+
+def vflip(arr: np.ndarray) -> np.ndarray:
+    return arr[::-1]
+
+
+# --- blur and pad -----------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,4 +1,8 @@
-"""The image a nanopatch pipeline carries between steps, and what stock would hold there.
+"""The image a nanopatch pipeline carries between steps, and the conversions it needs.
+
+PIL image <-> (H, W, C) uint8 array (``from_pil``, ``to_pil``), and array -> tensor as stock's
+``pil_to_tensor`` and ``to_tensor`` (+ ``Normalize``, fused into one float32 table lookup,
+bit-identical) give it.
 
 A :class:`Pixels` holds one of: a PIL image, an :class:`~nanopatch.vision.datasets.EncodedImage`
 (a file not decoded yet), or a (H, W, C) uint8 array, and converts between them only when
@@ -6,16 +10,108 @@ something asks. It also remembers the *domain*: ``"pil"`` when stock torchvision
 PIL image at this point (the input was a PIL image, a file from a dataset, or a dataset's
 in-memory pixels), ``"array"`` when the user passed an ndarray. Only a step that takes an
 ndarray as stock's does (``ToTensor``) runs on an ``"array"`` Pixels; for the others stock's code
-gets the user's ndarray itself (see ``transforms._Fast._takes_array``).
+gets the user's ndarray itself (see ``_pipeline.Fast._takes_array``).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import numpy as np
 
-from . import functional as _fn
+from ._opencv import cv2
 
 PIL_MODES = ("L", "RGB")
+
+
+# --- conversions ---------------------------------------------------------------------------
+
+
+def from_pil(img) -> np.ndarray:
+    """The pixels of an "L" or "RGB" PIL image as (H, W, C) uint8 (a fresh array)."""
+    arr = np.asarray(img)
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def to_pil(arr: np.ndarray):
+    """An "L" (C == 1) or "RGB" (C == 3) PIL image of ``arr``."""
+    from PIL import Image
+
+    return Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if arr.shape[2] == 1 else arr))
+
+
+def contiguous(arr: np.ndarray) -> np.ndarray:
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+# --- to tensor -----------------------------------------------------------------------------
+
+
+def pil_to_tensor(arr: np.ndarray):
+    """``F.pil_to_tensor``: uint8 (C, H, W), a channels-last view of HWC memory as stock's is."""
+    import torch
+
+    out = torch.empty(arr.shape, dtype=torch.uint8)
+    out.numpy()[...] = arr
+    return out.permute(2, 0, 1)
+
+
+def lookup(arr: np.ndarray, table: np.ndarray, *, channels_last: bool = False):
+    """A float32 tensor (C, H, W) holding ``table[c][arr[..., c]]`` (``table`` is (C, 256)
+    float32): C-contiguous as ToTensor's is, or with ``channels_last`` a view of HWC memory as
+    stock's ``pil_to_tensor`` + float conversion (or v2's ``ToImage`` + ``ToDtype``) leaves it."""
+    import torch
+
+    in_h, in_w, channels = arr.shape
+    if arr.size == 0:
+        empty = torch.empty(arr.shape, dtype=torch.float32)
+        return empty.permute(2, 0, 1) if channels_last else empty.permute(2, 0, 1).contiguous()
+    if channels_last:
+        out = cv2().LUT(contiguous(arr), np.ascontiguousarray(table.T).reshape(1, 256, channels))
+        return torch.from_numpy(out[:, :, None] if out.ndim == 2 else out).permute(2, 0, 1)
+    out = torch.empty((channels, in_h, in_w), dtype=torch.float32)
+    planes = out.numpy()
+    if channels == 1:
+        cv2().LUT(contiguous(arr[:, :, 0]), table[0], dst=planes[0])
+    else:  # one LUT per plane, written straight into the CHW planes
+        for c, plane in enumerate(cv2().split(contiguous(arr))):
+            cv2().LUT(plane, table[c], dst=planes[c])
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _lookup_table(channels: int, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> np.ndarray:
+    """(channels, 256) float32: value / 255, then (x - mean) / std, each step in float32 as
+    ToTensor's ``div(255)`` and Normalize's ``sub_``/``div_`` compute it."""
+    levels = np.arange(256, dtype=np.float32) / np.float32(255)
+    table = np.repeat(levels[None], channels, axis=0)
+    if mean is not None:
+        m = np.broadcast_to(np.asarray(mean, np.float32), (channels,))[:, None]
+        s = np.broadcast_to(np.asarray(std, np.float32), (channels,))[:, None]
+        table = (table - m) / s
+    table.flags.writeable = False
+    return table
+
+
+def to_tensor_normalize(arr: np.ndarray, mean: Sequence[float] | None = None, std: Sequence[float] | None = None):
+    """ToTensor (uint8 HWC -> float32 CHW in [0, 1]), then Normalize when ``mean`` and ``std``
+    are given, in one pass; bit-identical to the two stock steps. ``mean``/``std`` must have 1
+    or C entries (as Normalize broadcasts them)."""
+    channels = arr.shape[2]
+    key_mean = None if mean is None else tuple(float(v) for v in mean)
+    key_std = None if std is None else tuple(float(v) for v in std)
+    if key_mean is not None and (len(key_mean) not in (1, channels) or len(key_std) not in (1, channels)):
+        raise NotImplementedError("mean/std do not broadcast over the channels")
+    return lookup(arr, _lookup_table(channels, key_mean, key_std))
+
+
+def to_tensor(arr: np.ndarray):
+    """``F.to_tensor`` of a uint8 image: float32 CHW in [0, 1]."""
+    return to_tensor_normalize(arr)
+
+
+# --- the image a pipeline carries ---------------------------------------------------------
 
 
 class Pixels:
@@ -103,7 +199,7 @@ class Pixels:
         given (DCT-scaled, the fast decode), else at full resolution."""
         if self._arr is None:
             if self._pil is not None:
-                self._arr = _fn.from_pil(self._pil)
+                self._arr = from_pil(self._pil)
             else:
                 arr = self._enc.decode(min_size=min_size)
                 if min_size is not None:
@@ -114,7 +210,7 @@ class Pixels:
     def pil(self):
         """The PIL image stock would hold here (the stock loader's, for an encoded file)."""
         if self._pil is None:
-            self._pil = self._enc.to_pil() if self._arr is None else _fn.to_pil(self._arr)
+            self._pil = self._enc.to_pil() if self._arr is None else to_pil(self._arr)
         return self._pil
 
     def output(self):

@@ -23,33 +23,29 @@ from typing import Any
 import numpy as np
 
 from . import decode as _decode
+from .patch import original as _original
 
 #: A transform that sets this attribute true accepts an EncodedImage or a uint8 ndarray
 #: (HWC RGB, or HW for a grayscale dataset) wherever stock would pass it a PIL image.
 ACCEPTS_ENCODED = "__nanopatch_accepts_encoded__"
 
-#: The stock functions and methods this module stands in for, saved once at patch time
-#: (or on first use, when a function of this module is called without the patch applied).
-stock: dict[str, Any] = {}
+
+def _folder():
+    import torchvision.datasets.folder as folder
+
+    return folder
 
 
 def original(key: str) -> Any:
-    """torchvision's own ``pil_loader``, ``default_loader`` or ``<Class>.__getitem__``."""
-    found = stock.get(key)
-    if found is None:
-        import torchvision.datasets as tv_datasets
-        import torchvision.datasets.folder as folder
+    """torchvision's own ``pil_loader``, ``default_loader`` or ``<Class>.__getitem__`` (class
+    ``DatasetFolder`` or one in ``torchvision.datasets``), as the engine recorded it."""
+    import torchvision.datasets as tv_datasets
 
-        if "." in key:
-            cls_name, attr = key.split(".", 1)
-            owner = folder if cls_name == "DatasetFolder" else tv_datasets
-            found = getattr(owner, cls_name).__dict__[attr]
-        else:
-            found = folder.__dict__[key]
-        if getattr(found, "__module__", "").startswith("nanopatch."):
-            raise RuntimeError(f"nanopatch: the stock {key} was not saved before patching")
-        found = stock.setdefault(key, found)
-    return found
+    folder = _folder()
+    if "." not in key:
+        return _original(folder, key)
+    cls_name, attr = key.split(".", 1)
+    return _original(getattr(folder if cls_name == "DatasetFolder" else tv_datasets, cls_name), attr)
 
 
 def accepts_encoded(transform: Any) -> bool:
@@ -152,7 +148,7 @@ def _pil_rgb(data, path):
     if array is not None:
         return Image.fromarray(array)
     if path is not None:
-        return original("pil_loader")(path)
+        return _original(_folder(), "pil_loader")(path)
     with Image.open(io.BytesIO(bytes(data))) as img:
         return img.convert("RGB")
 
@@ -160,7 +156,12 @@ def _pil_rgb(data, path):
 def _standard_loader(loader: Callable[..., Any]) -> bool:
     """Whether ``loader`` is torchvision's own image loading (so handing the pipeline the
     undecoded file changes nothing the user asked for)."""
-    if loader is not pil_loader and loader is not original("pil_loader") and loader is not original("default_loader"):
+    folder = _folder()
+    if (
+        loader is not pil_loader
+        and loader is not folder.default_loader
+        and loader is not _original(folder, "pil_loader")
+    ):
         return False
     from torchvision import get_image_backend
 
@@ -175,7 +176,7 @@ def dataset_folder_getitem(self, index: int):
         if self.target_transform is not None:
             target = self.target_transform(target)
         return sample, target
-    return original("DatasetFolder.__getitem__")(self, index)
+    return _original(_folder().DatasetFolder, "__getitem__")(self, index)
 
 
 # --- in-memory datasets --------------------------------------------------------------------
@@ -225,11 +226,12 @@ def in_memory_getitem(name: str) -> Callable[[Any, int], Any]:
     """``__getitem__`` for the in-memory dataset ``name``: stock unless the transform is a
     nanopatch pipeline, which then gets the uint8 array instead of a PIL image."""
     extract = IN_MEMORY[name]
-    key = f"{name}.__getitem__"
 
     def __getitem__(self, index: int):
         if not accepts_encoded(self.transform):
-            return original(key)(self, index)
+            import torchvision.datasets as tv_datasets
+
+            return _original(getattr(tv_datasets, name), "__getitem__")(self, index)
         pixels, target = extract(self, index)
         sample = self.transform(DecodedImage(_readonly(pixels)))
         if self.target_transform is not None:

@@ -3,8 +3,13 @@ is imported (or at once if it already is) and undone exactly by the engine's jou
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _patching
 from .._log import log_once
+
+#: The engine's name for this target (its journal records are filed under it).
+TARGET = "vision"
 
 #: torchvision versions this target is written against (its loader, dataset and transform internals).
 SUPPORTED = {"torchvision": ">=0.15"}
@@ -24,23 +29,18 @@ def patch(config) -> None:
 
     from . import datasets, transforms
 
-    # The true originals, saved once (a re-patch never saves a replacement).
-    stock_pil_loader = datasets.original("pil_loader")
-    datasets.original("default_loader")
-    datasets.original("DatasetFolder.__getitem__")
-
     # default_loader and every loader-taking dataset call folder.pil_loader at call time.
-    _patching.replace_everywhere(stock_pil_loader, datasets.pil_loader, "torchvision")
+    _patching.replace_everywhere(original(folder, "pil_loader"), datasets.pil_loader, "torchvision")
     _patching.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
 
     for name in datasets.IN_MEMORY:
         cls = getattr(tv_datasets, name, None)
         if cls is None or "__getitem__" not in cls.__dict__:
             continue  # not in this torchvision version: stays stock
-        datasets.original(f"{name}.__getitem__")
         _patching.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
 
     # Transform classes: where torchvision defines them and every namespace re-exporting them.
+    # Each nanopatch class subclasses the stock class it stands in for (``_nanopatch_stock``).
     for name in transforms.__all__:
         ours = getattr(transforms, name)
         _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
@@ -53,6 +53,19 @@ def patch(config) -> None:
     for name in transforms_v2.__all__:
         ours = getattr(transforms_v2, name)
         _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+
+
+def original(owner: Any, name: str) -> Any:
+    """What ``owner.name`` was before this target replaced it: the engine's journal records it
+    while the target is applied; otherwise the attribute is stock's own. Raw, as stored in
+    ``owner.__dict__`` (a ``staticmethod`` stays one)."""
+    record = _patching._journal._index.get((TARGET, id(owner), name))
+    if isinstance(record, _patching.Record) and record.owner is owner:
+        return record.original
+    found = _patching.raw_attribute(owner, name)
+    if found is _patching.NOTSET or getattr(found, "__module__", "").startswith("nanopatch."):
+        raise RuntimeError(f"nanopatch: no record of the stock {_patching._qualname(owner)}.{name}")
+    return found
 
 
 def torchvision_version() -> str:
