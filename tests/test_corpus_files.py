@@ -1,5 +1,10 @@
-"""The corpus generator (tests/data/make_corpus.py) makes files that really have the property each
-entry's note claims, deterministically, from the module and from the command line."""
+"""Self-checks of the test-data generator, not of nanopatch: the corpus generator
+(tests/data/make_corpus.py) makes files that really have the property each entry's note claims,
+deterministically, from the module and from the command line. nanopatch's decoding of the corpus
+is tested in test_vision_corpus.py.
+
+Where CI requires libturbojpeg (``NANOPATCH_TEST_REQUIRE_TURBOJPEG=1``), a check that needs it
+fails instead of skipping."""
 
 from __future__ import annotations
 
@@ -27,6 +32,18 @@ def need(corpus, name: str) -> None:
     """Skip when the generator left an optional entry out (this Pillow cannot write it)."""
     if name not in corpus:
         pytest.skip(f"{name} not in the corpus: this Pillow cannot write it")
+
+
+def turbojpeg_or_skip():
+    """A PyTurboJPEG decoder; a skip without one, a failure where CI requires it."""
+    try:
+        import turbojpeg
+
+        return turbojpeg.TurboJPEG(lib_path=os.environ.get("NANOPATCH_TURBOJPEG_LIB") or None)
+    except (ImportError, OSError, RuntimeError) as e:
+        if os.environ.get("NANOPATCH_TEST_REQUIRE_TURBOJPEG") == "1":
+            pytest.fail(f"PyTurboJPEG with libturbojpeg is required here (NANOPATCH_TEST_REQUIRE_TURBOJPEG=1): {e}")
+        pytest.skip(f"libturbojpeg not loadable: {e}")
 
 
 def data(corpus, name: str) -> bytes:
@@ -305,11 +322,7 @@ def test_jpeg_corrupt_scan(corpus):
     # stock PIL decodes it without an exception, but the picture is damaged
     assert np.abs(rgb(corpus, "jpeg-corrupt-scan") - rgb(corpus, "jpeg-420-baseline")).mean() > 10
     # and libjpeg-turbo reports it as corrupt data (a warning, not an error)
-    turbojpeg = pytest.importorskip("turbojpeg")
-    try:
-        tj = turbojpeg.TurboJPEG(lib_path=os.environ.get("NANOPATCH_TURBOJPEG_LIB") or None)
-    except (OSError, RuntimeError) as e:  # pragma: no cover
-        pytest.skip(f"libturbojpeg not loadable: {e}")
+    tj = turbojpeg_or_skip()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tj.decode(raw)
