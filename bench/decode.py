@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _harness as h  # bench/ is this script's folder, first on sys.path
+
 #: Bump when the generator changes, so a cached data set is not reused across versions.
 GENERATOR_VERSION = 1
 SIZES = ((500, 375), (2400, 1800))  # (width, height)
@@ -160,17 +162,6 @@ def bits_per_pixel(paths: list[Path], size: tuple[int, int]) -> list[float]:
 # --- the machine ---------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def idlest_cpu(allowed: set[int], seconds: float = 0.3) -> int:
     """The allowed core with the most idle time over a short sample of /proc/stat (others may be
     running work on this machine); the highest-numbered one if that cannot be read."""
@@ -203,27 +194,6 @@ def reuse_freed_memory() -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3
     if not (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)):
         raise RuntimeError("mallopt failed: --malloc reuse needs glibc")
-
-
-def load_average() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
-def loaded_library(fragment: str) -> str | None:
-    """Path of a shared library mapped into this process whose name contains ``fragment``."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split()[-1]
-                if fragment in os.path.basename(path):
-                    return os.path.realpath(path)
-    except OSError:
-        pass
-    return None
 
 
 def deb_version(path: str | None) -> str | None:
@@ -260,9 +230,9 @@ def machine(cpu: int) -> dict[str, Any]:
         (line.split(":", 1)[1].strip() for line in cv2.getBuildInformation().splitlines() if "JPEG:" in line), "?"
     )
     backend = decode.jpeg_backend()
-    libturbojpeg = loaded_library("libturbojpeg")
+    libturbojpeg = h.mapped_library("libturbojpeg")
     return {
-        "cpu": cpu_model(),
+        "cpu": h.cpu_model(),
         "pinned_cpu": cpu,
         "cpus_available": os.cpu_count(),
         "python": platform.python_version(),
@@ -437,8 +407,7 @@ def measure(funcs: dict[str, Callable[[Path], Any]], paths: dict, rounds: int, o
             funcs[STOCK](path)
         passes[size_name(size)] = max(1, math.ceil(sample_time / (time.perf_counter() - start)))
     for round_index in range(offset, offset + rounds):
-        shift = round_index % len(names)
-        order = names[shift:] + names[:shift]
+        order = h.rotated(names, round_index)
         for size, files in paths.items():
             count = passes[size_name(size)] * len(files)
             for name in order:
@@ -477,10 +446,10 @@ def worker(args: argparse.Namespace) -> int:
     nanopatch.patch_torch(vision=True)  # once: toggling per call would time the patching
     funcs, calls = variants()
     outputs = verify(funcs, paths)
-    load_before = load_average()
+    load_before = h.load_average()
     results, passes = measure(funcs, paths, args.rounds, args.worker_offset, args.sample_time)
     info = machine(args.cpu)
-    info["loadavg"] = {"before": load_before, "after": load_average()}
+    info["loadavg"] = {"before": load_before, "after": h.load_average()}
     json.dump({"machine": info, "calls": calls, "outputs": outputs, "passes": passes, **results}, sys.stdout)
     return 0
 
@@ -518,48 +487,45 @@ def summarise(reports: list[dict], paths: dict) -> list[dict]:
             key, stock_key = f"{name}|{size_name(size)}", f"{STOCK}|{size_name(size)}"
             samples = [x for r in reports for x in r["img_per_s"][key]]
             stock = [x for r in reports for x in r["img_per_s"][stock_key]]
-            median = statistics.median(samples)
-            quartiles = statistics.quantiles(samples, n=4) if len(samples) > 1 else [median] * 3
+            stats = h.spread(samples)
             per_process = [
                 statistics.median(r["img_per_s"][key]) / statistics.median(r["img_per_s"][stock_key]) for r in reports
             ]
             rows.append(
-                {
-                    "variant": name,
-                    "size": size_name(size),
-                    "images": len(paths[size]),
-                    "img_per_s": median,
-                    "x_stock": median / statistics.median(stock),
-                    "x_stock_per_process": per_process,
-                    "iqr_pct": (quartiles[2] - quartiles[0]) / median * 100,
-                    "cpu_share": statistics.median(x for r in reports for x in r["cpu_share"][key]),
-                    "page_faults_per_img": statistics.median(x for r in reports for x in r["faults"][key]),
-                    "target_x_stock": TARGETS.get((name, size)),
-                    "output": reports[0]["outputs"][name][size_name(size)],
-                    "samples_img_per_s": [r["img_per_s"][key] for r in reports],
-                    "samples_cpu_share": [r["cpu_share"][key] for r in reports],
-                    "samples_page_faults_per_img": [r["faults"][key] for r in reports],
-                }
+                h.row(
+                    "decode",
+                    size_name(size),
+                    name,
+                    stats["median"],
+                    "img/s",
+                    stats["median"] / statistics.median(stock),
+                    stock=name == STOCK,
+                    rates=samples,
+                    cpu_share=statistics.median(x for r in reports for x in r["cpu_share"][key]),
+                    images=len(paths[size]),
+                    x_stock_per_process=per_process,
+                    iqr_pct=stats["iqr_pct"],
+                    page_faults_per_img=statistics.median(x for r in reports for x in r["faults"][key]),
+                    target_x_stock=TARGETS.get((name, size)),
+                    output=reports[0]["outputs"][name][size_name(size)],
+                    samples_img_per_s=[r["img_per_s"][key] for r in reports],
+                    samples_cpu_share=[r["cpu_share"][key] for r in reports],
+                    samples_page_faults_per_img=[r["faults"][key] for r in reports],
+                )
             )
     return rows
 
 
-def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict], data: dict, elapsed: float) -> None:
+def print_setup(cpu: int, reports: list[dict], data: dict, libraries: list[str], load_prefix: str = "") -> None:
+    """The machine, the libraries, the load and the data set, as decode.py and transforms.py print them."""
     info = reports[0]["machine"]
-    print(f"CPU: {info['cpu']} ({info['cpus_available']} cpus; pinned to cpu {args.cpu}, 1 thread)")
+    print(f"CPU: {info['cpu']} ({info['cpus_available']} cpus; pinned to cpu {cpu}, 1 thread)")
     print(f"Python {info['python']}, numpy {info['numpy']}, torch {info['torch']}, torchvision {info['torchvision']}")
-    print(
-        f"Pillow {info['pillow']} (features: jpg {info['pillow_jpg']} [libjpeg API], libjpeg_turbo "
-        f"{info['pillow_libjpeg_turbo']} {info['pillow_libjpeg_turbo_version']})"
-    )
-    print(
-        f"PyTurboJPEG {info['pyturbojpeg']} ({info['libturbojpeg']}, {info['libturbojpeg_deb'] or 'package unknown'})"
-    )
-    print(f"OpenCV {info['opencv']} (JPEG: {info['opencv_jpeg']})")
+    for line in libraries:
+        print(line)
     print(f"nanopatch {info['nanopatch']} (JPEG backend: {info['nanopatch_backend']})")
-    malloc = "glibc defaults (dynamic mmap threshold)" if args.malloc == "default" else "reuse (see --malloc)"
-    loads = ", ".join(f"{r['machine']['loadavg']['before'].split()[0]}" for r in reports)
-    print(f"malloc: {malloc}; 1-min load average before each process's timing: {loads}")
+    loads = ", ".join(r["machine"]["loadavg"]["before"].split()[0] for r in reports)
+    print(f"{load_prefix}1-min load average before each process's timing: {loads}")
     print()
     for name, entry in data.items():
         bpp = entry["bits_per_pixel"]
@@ -568,6 +534,18 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             f"{statistics.mean(bpp):.2f} bits/pixel mean ({min(bpp):.2f}-{max(bpp):.2f}) in {entry['dir']}"
         )
     print()
+
+
+def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict], data: dict, elapsed: float) -> None:
+    info = reports[0]["machine"]
+    libraries = [
+        f"Pillow {info['pillow']} (features: jpg {info['pillow_jpg']} [libjpeg API], libjpeg_turbo "
+        f"{info['pillow_libjpeg_turbo']} {info['pillow_libjpeg_turbo_version']})",
+        f"PyTurboJPEG {info['pyturbojpeg']} ({info['libturbojpeg']}, {info['libturbojpeg_deb'] or 'package unknown'})",
+        f"OpenCV {info['opencv']} (JPEG: {info['opencv_jpeg']})",
+    ]
+    malloc = "glibc defaults (dynamic mmap threshold)" if args.malloc == "default" else "reuse (see --malloc)"
+    print_setup(args.cpu, reports, data, libraries, f"malloc: {malloc}; ")
     for name, call in reports[0]["calls"].items():
         print(f"{name:<32}{call}")
     print()
@@ -579,13 +557,13 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
     print("-" * len(header))
     for row in rows:
         target = row["target_x_stock"]
-        met = "" if target is None else ("yes" if row["x_stock"] >= target else "no")
+        met = "" if target is None else ("yes" if row["ratio_to_stock"] >= target else "no")
         spread = f"{min(row['x_stock_per_process']):.2f}-{max(row['x_stock_per_process']):.2f}"
         out = row["output"]
         print(
-            f"{row['variant']:<32}{row['size']:<11}{row['img_per_s']:>8.1f}"
+            f"{row['variant']:<32}{row['group']:<11}{row['rate']:>8.1f}"
             f"{row['iqr_pct']:>5.0f}%{row['cpu_share'] * 100:>5.0f}%{row['page_faults_per_img']:>8.0f}"
-            f"{row['x_stock']:>8.2f}x{spread:>13}{'' if target is None else f'>={target:g}x':>8}{met:>5}"
+            f"{row['ratio_to_stock']:>8.2f}x{spread:>13}{'' if target is None else f'>={target:g}x':>8}{met:>5}"
             f"  {out['type']} {out['width']}x{out['height']} {out['pixels']}".rstrip()
         )
     print()
@@ -605,15 +583,67 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--processes", type=int, default=6, help="fresh measuring processes (default 6)")
+def emit(args: argparse.Namespace, reports: list[dict], rows: list[dict], data: dict, elapsed: float, print_report,
+         **extra) -> int:  # fmt: skip
+    """Print the results as JSON (``--json``: the machine, the run's shape, ``extra``, the data set
+    and the rows) or as the report."""
+    if not args.json:
+        print_report(args, reports, rows, data, elapsed)
+        return 0
+    report = {
+        "machine": reports[0]["machine"],
+        "pinned_cpu": args.cpu,
+        "processes": args.processes,
+        "rounds_per_process": args.rounds,
+        "passes_per_sample": reports[0]["passes"],
+        "loadavg_per_process": [r["machine"]["loadavg"] for r in reports],
+        **extra,
+        "data": data,
+        "rows": rows,
+        "seconds": elapsed,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def quick_and_core(args: argparse.Namespace) -> None:
+    """--quick halves the processes, rounds and images; the core is the idlest one unless given."""
+    if args.quick:
+        args.processes, args.rounds, args.small, args.large = (
+            max(1, n // 2) for n in (args.processes, args.rounds, args.small, args.large)
+        )
+    if args.cpu is None:
+        args.cpu = idlest_cpu(os.sched_getaffinity(0))
+
+
+def add_process_options(parser: argparse.ArgumentParser, processes: int, sample_time: float, data: Path) -> None:
+    """The options decode.py and transforms.py share: processes, rounds, images, sample time, data,
+    core, --quick, --json and the internal --worker-offset."""
+    parser.add_argument(
+        "--processes", type=int, default=processes, help=f"fresh measuring processes (default {processes})"
+    )
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds per process (default 4)")
     parser.add_argument("--small", type=int, default=24, help="500x375 images (default 24)")
     parser.add_argument("--large", type=int, default=6, help="2400x1800 images (default 6)")
     parser.add_argument(
-        "--sample-time", type=float, default=0.2, help="seconds of stock loading per sample (default 0.2)"
+        "--sample-time", type=float, default=sample_time, help=f"seconds of stock per sample (default {sample_time})"
     )
+    parser.add_argument("--quick", action="store_true", help="half the processes, rounds and images")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=data,
+        help="where the generated JPEGs live (made once, reused; default %(default)s)",
+    )
+    parser.add_argument("--cpu", type=int, help="the core to pin to (default: the idlest one at start)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--worker-offset", type=int, help=argparse.SUPPRESS)  # internal: one measuring process
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = Path.home() / ".cache" / "nanopatch-bench" / "decode" / f"v{GENERATOR_VERSION}"
+    add_process_options(parser, processes=6, sample_time=0.2, data=data)
     parser.add_argument(
         "--malloc",
         choices=("default", "reuse"),
@@ -622,30 +652,13 @@ def main(argv: list[str] | None = None) -> int:
         "mmap threshold 32 MiB and no heap trimming, so freed image buffers are reused and no variant "
         "pays page faults for fresh memory (default: %(default)s)",
     )
-    parser.add_argument("--quick", action="store_true", help="half the processes, rounds and images")
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path.home() / ".cache" / "nanopatch-bench" / "decode" / f"v{GENERATOR_VERSION}",
-        help="where the generated JPEGs live (made once, reused; default %(default)s)",
-    )
-    parser.add_argument("--cpu", type=int, help="the core to pin to (default: the idlest one at start)")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
-    parser.add_argument("--worker-offset", type=int, help=argparse.SUPPRESS)  # internal: one measuring process
     args = parser.parse_args(argv)
     if args.worker_offset is not None:
         return worker(args)
-    if args.quick:
-        args.processes, args.rounds, args.small, args.large = (
-            max(1, n // 2) for n in (args.processes, args.rounds, args.small, args.large)
-        )
+    quick_and_core(args)
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = h.log
     started = time.perf_counter()
-    if args.cpu is None:
-        args.cpu = idlest_cpu(os.sched_getaffinity(0))
     paths = dataset(args.data, {SIZES[0]: args.small, SIZES[1]: args.large}, log=log)
     reports = run_workers(args, log)
     rows = summarise(reports, paths)
@@ -660,24 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for size, files in paths.items()
     }
-    if args.json:
-        report = {
-            "machine": reports[0]["machine"],
-            "pinned_cpu": args.cpu,
-            "malloc": args.malloc,
-            "processes": args.processes,
-            "rounds_per_process": args.rounds,
-            "passes_per_sample": reports[0]["passes"],
-            "loadavg_per_process": [r["machine"]["loadavg"] for r in reports],
-            "calls": reports[0]["calls"],
-            "data": data,
-            "results": rows,
-            "seconds": elapsed,
-        }
-        print(json.dumps(report, indent=2))
-        return 0
-    print_report(args, reports, rows, data, elapsed)
-    return 0
+    return emit(args, reports, rows, data, elapsed, print_report, malloc=args.malloc, calls=reports[0]["calls"])
 
 
 if __name__ == "__main__":

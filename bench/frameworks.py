@@ -69,39 +69,22 @@ import gc
 import json
 import os
 import shlex
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from multi_instance import (  # bench/ is this script's folder, first on sys.path
-    OTHER_LOAD_WARNING,
-    SETTLE_S,
-    adopt_descendants,
-    children_cpu_s,
-    cpu_text,
-    machine_busy_s,
-    machine_facts,
-    mapped,
-    plural,
-    reap_descendants,
-    run_env,
-    shown_path,
-    tail,
-)
+import _harness as h  # bench/ is this script's folder, first on sys.path
+from multi_instance import SETTLE_S, cpu_text, run_env
 
 SEED = 20251
 CLASSES = 10
 TEXT_LABELS = 2
 DISTINCT_IMAGES = 64  # generated images the data set cycles through (its length is what the steps need)
 MAX_WORLD = 2  # the data set holds enough batches for every rank of the largest world
-DEFAULTS = {False: {"rounds": 3, "steps": 5, "warmup": 2}, True: {"rounds": 2, "steps": 2, "warmup": 1}}
 #: --tiny (the test suite): sizes that make every script a few seconds
 TINY = {
     "image_size": 32,
@@ -191,54 +174,11 @@ TARGETS = (
 # --- the workers: plain training scripts --------------------------------------------------------
 
 
-class Probe:
-    """A forward hook on one layer: the dtype it computed in and whether its 4-D input was
-    channels-last, for every call in grad mode while ``active`` (the timed steps)."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.layer: str | None = None
-        self.calls = 0
-        self.dtypes: Counter[str] = Counter()
-        self.inputs_4d = 0
-        self.channels_last = 0
-
-    def attach(self, model, kind) -> None:
-        for name, module in model.named_modules():
-            if isinstance(module, kind):
-                self.layer = f"{name} ({type(module).__name__})"
-                module.register_forward_hook(self.hook)
-                return
-        raise RuntimeError(f"no {kind.__name__} in {type(model).__name__}")
-
-    def hook(self, module, inputs, output) -> None:
-        import torch
-
-        if not self.active or not torch.is_grad_enabled():
-            return
-        self.calls += 1
-        self.dtypes[str(output.dtype).removeprefix("torch.")] += 1
-        x = inputs[0] if inputs else None
-        if isinstance(x, torch.Tensor) and x.dim() == 4:
-            self.inputs_4d += 1
-            if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-                self.channels_last += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "calls": self.calls,
-            "dtypes": dict(self.dtypes),
-            "inputs_4d": self.inputs_4d,
-            "channels_last": self.channels_last,
-        }
-
-
 class Clock:
     """Times the steps after the warm-up: the span from the first timed step's start to the
     last one's end, each step's own time, and the process's CPU time over the span."""
 
-    def __init__(self, warmup: int, steps: int, probe: Probe) -> None:
+    def __init__(self, warmup: int, steps: int, probe: h.Probe) -> None:
         self.warmup, self.steps, self.probe = warmup, steps, probe
         self.seen = 0
         self.step_s: list[float] = []
@@ -325,8 +265,8 @@ def process_facts(model) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "affinity": sorted(os.sched_getaffinity(0)),
-        "tcmalloc": mapped("libtcmalloc") is not None,
-        "jemalloc": mapped("libjemalloc") is not None,
+        "tcmalloc": h.mapped_library("libtcmalloc") is not None,
+        "jemalloc": h.mapped_library("libjemalloc") is not None,
         "process_group": initialised,
         "world_size": dist.get_world_size() if initialised else 1,
         "backend": str(dist.get_backend()) if initialised else None,
@@ -375,7 +315,7 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
-    probe = Probe()
+    probe = h.Probe()
     clock = Clock(args.warmup, args.steps, probe)
     facts: dict[str, Any] = {}
 
@@ -447,7 +387,7 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
             ids = self.ids[i]
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
 
-    probe = Probe()
+    probe = h.Probe()
     clock = Clock(args.warmup, args.steps, probe)
     facts: dict[str, Any] = {}
 
@@ -509,7 +449,7 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     from timm.utils import ModelEmaV2
     from torch import nn
 
-    probe = Probe()
+    probe = h.Probe()
     clock = Clock(args.warmup, args.steps, probe)
     torch.manual_seed(SEED)
     loader = image_loader(args)
@@ -602,81 +542,20 @@ def init_env(env: dict[str, str], init: Sequence[str]) -> dict[str, str]:
 
 
 def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
-    """One fresh process (group) of a variant: its rate, or its error."""
-    env = init_env(env, variant.init)
+    """One fresh process (group) of a variant: its rate, or its error; with the digest of the
+    nanopatch source it ran."""
+    digest = h.source_digest()
     out = tempfile.mkdtemp(prefix=f"{variant.name}-", dir=workdir)
-    log_path = Path(out, "log.txt")
-    adopt_descendants()
-    busy_before, ours_before = machine_busy_s(), children_cpu_s()
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            command(variant, args, out), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True
-        )
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return {"error": f"no result within {args.timeout:.0f} s (killed)", "log": tail(log_path)}
-    reap_descendants(proc.pid, 60)  # Lightning's rank 1, left by rank 0: its CPU time is the run's
-    wall = time.perf_counter() - started
-    busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
-    other_load = None
-    if busy_before is not None and busy_after is not None:
-        other_load = max(0.0, busy_after - busy_before - ours) / (wall * (os.cpu_count() or 1))
-    ranks = []
-    for path in sorted(Path(out).glob("rank*.json")):
-        try:
-            ranks.append(json.loads(path.read_text()))
-        except ValueError as exc:
-            return {"error": f"{path.name}: {exc}", "log": tail(log_path)}
-    if code != 0:
-        return {"error": f"exited with status {code}", "log": tail(log_path)}
-    if not ranks:
-        return {"error": "no rank wrote a result", "log": tail(log_path)}
-    ranks.sort(key=lambda r: r["rank"])
-    samples = sum(r["samples"] for r in ranks)
-    seconds = max(r["seconds"] for r in ranks)
-    return {
-        "rate": samples / seconds,
-        "samples": samples,
-        "seconds": seconds,
-        "cpu_s": sum(r["cpu_s"] for r in ranks),
-        "wall_s": wall,
-        "other_load": other_load,
-        "ranks": ranks,
-        "log_tail": tail(log_path, 8),
-    }
-
-
-def dtype_name(dtypes: dict[str, int]) -> str:
-    short = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-    return "+".join(short.get(d, d) for d in sorted(dtypes, key=lambda d: -dtypes[d])) or "?"
-
-
-def inside(probe: dict[str, Any]) -> str:
-    """The probe's verdict for the table: '<dtype> / <channels-last or not>'."""
-    if not probe["calls"]:
-        return "no call seen"
-    text = dtype_name(probe["dtypes"])
-    if probe["inputs_4d"] == 0:
-        return f"{text} / n/a"
-    if probe["channels_last"] == probe["inputs_4d"]:
-        return f"{text} / channels-last"
-    if probe["channels_last"] == 0:
-        return f"{text} / contiguous"
-    return f"{text} / channels-last {probe['channels_last']} of {probe['inputs_4d']}"
+    argv = command(variant, args, out)
+    result = h.run_ranks(
+        argv, env=init_env(env, variant.init), out=out, timeout=args.timeout, count="samples", expected=None
+    )
+    return {**result, "nanopatch_digest": digest}
 
 
 def facts_of(run: dict[str, Any]) -> dict[str, Any]:
     """What a run's processes ran with, and the checks across its ranks."""
     ranks = run["ranks"]
-    starts = [set(r["affinity_at_start"]) for r in ranks]
-    disjoint = all(not (a & b) for i, a in enumerate(starts) for b in starts[i + 1 :])
-    sums = [r["param_checksum"] for r in ranks]
-    in_sync = all(abs(c - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for c in sums)
-    data = [r["first_batch"] for r in ranks]
     probes = [r["probe"] for r in ranks]
     return {
         "processes": len(ranks),
@@ -696,13 +575,11 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
         "nanopatch_imported": [r["nanopatch_imported"] for r in ranks],
         "first_weight_channels_last": [r["first_weight_channels_last"] for r in ranks],
         "probe": probes[0],
-        "inside": inside(probes[0]),
-        "inside_per_rank": [inside(p) for p in probes],
+        "inside": h.inside(probes[0]),
+        "inside_per_rank": [h.inside(p) for p in probes],
         "loss": [r.get("loss") for r in ranks],
         "env": [r["env"] for r in ranks],
-        "disjoint_affinity": disjoint if len(ranks) > 1 else None,
-        "ranks_in_sync": in_sync if len(ranks) > 1 else None,
-        "ranks_saw_different_data": len(set(data)) == len(data) if len(ranks) > 1 and None not in data else None,
+        **h.rank_checks(ranks, "first_batch"),
     }
 
 
@@ -727,7 +604,7 @@ def problems(v: Variant, d: dict[str, Any], args: argparse.Namespace) -> list[st
     if v.precision and d["precision"] != v.precision:
         found.append(f"Trainer precision {d['precision']}, expected {v.precision}")
     if v.precision == "bf16-mixed" and d["probe"]["dtypes"] and set(d["probe"]["dtypes"]) != {"bfloat16"}:
-        found.append(f"bf16-mixed, but the layer computed in {dtype_name(d['probe']['dtypes'])}")
+        found.append(f"bf16-mixed, but the layer computed in {h.dtype_name(d['probe']['dtypes'])}")
     if v.processes > 1:
         if set(d["world_size"]) != {v.processes}:
             found.append(f"world size {d['world_size']} (expected {v.processes}): not data-parallel")
@@ -749,12 +626,12 @@ def findings(v: Variant, d: dict[str, Any], cores: int) -> list[str]:
     if sum(d["threads"]) > cores and len(set(d["affinity"])) < d["processes"]:
         notes.append(
             f"{d['processes']} processes x {'/'.join(map(str, sorted(set(d['threads']))))} threads on the same "
-            f"{plural(cores, 'core')}: oversubscribed"
+            f"{h.plural(cores, 'core')}: oversubscribed"
         )
     if not v.patched or not d["probe"]["calls"]:
         return notes
     if "bfloat16" not in d["probe"]["dtypes"]:
-        notes.append(f"not accelerated: the probed layer computed in {dtype_name(d['probe']['dtypes'])}")
+        notes.append(f"not accelerated: the probed layer computed in {h.dtype_name(d['probe']['dtypes'])}")
     elif set(d["probe"]["dtypes"]) == {"bfloat16"} and v.precision == "bf16-mixed":
         notes.append("bf16 inside may be Lightning's bf16-mixed alone (the probe cannot tell whose autocast it is)")
     probe = d["probe"]
@@ -768,69 +645,29 @@ def summarise(names: list[str], runs: dict[str, list[dict[str, Any]]], args, cor
     for name in names:
         v = VARIANTS[name]
         ok = [r for r in runs[name] if "rate" in r]
-        errors = [r for r in runs[name] if "rate" not in r]
-        row: dict[str, Any] = {
-            "group": v.group,
-            "variant": name,
-            "rate": None,
-            "unit": UNIT[v.group],
-            "ratio": None,
-            "baseline": BASELINE[v.group],
-            "spread": [],
-            "rates": [r["rate"] for r in ok],
-            "rounds": [r["round"] for r in ok],
-            "command": shlex.join(command(v, args, "OUT")),
-            "details": {},
-        }
-        if errors:
-            row["error"] = errors[0]["error"]
-            row["failed_runs"] = len(errors)
-            row["log"] = errors[0].get("log", "")
+        r = h.ranks_row("frameworks", v.group, name, UNIT[v.group], runs[name], cores, stock=name == BASELINE[v.group])
+        r["command"] = shlex.join(command(v, args, "OUT"))
         if ok:
-            rates = row["rates"]
-            row["rate"] = statistics.median(rates)
-            row["spread"] = [min(rates), max(rates)]
-            d = facts_of(ok[-1])
-            changed = [f for f in STABLE if any(facts_of(r)[f] != d[f] for r in ok)]
-            d["changed_between_rounds"] = changed
-            d["cpu_use"] = statistics.median(r["cpu_s"] / (r["seconds"] * cores) for r in ok)
-            d["setup_s"] = statistics.median(max(x["setup_s"] for x in r["ranks"]) for r in ok)
-            d["wall_s"] = statistics.median(r["wall_s"] for r in ok)
-            d["other_load"] = [r["other_load"] for r in ok if r["other_load"] is not None]
-            busy = [f"{x * 100:.0f}%" for x in d["other_load"] if x > OTHER_LOAD_WARNING]
-            d["load_warning"] = None
-            if busy:
-                d["load_warning"] = (
-                    f"other processes took {', '.join(busy)} of the machine's CPU time during "
-                    f"{plural(len(busy), 'run')} of {len(ok)}: those rates are suspect"
-                )
+            d = r["details"]
+            facts = facts_of(ok[-1])
+            changed = [f for f in STABLE if any(facts_of(x)[f] != facts[f] for x in ok)]
+            d.update(facts, changed_between_rounds=changed)
             d["problems"] = problems(v, d, args) + [f"{f} changed between rounds" for f in changed]
-            versions_seen = list(dict.fromkeys(r.get("nanopatch_digest") for r in ok))
+            versions_seen = list(dict.fromkeys(x.get("nanopatch_digest") for x in ok))
             d["nanopatch_digests"] = versions_seen
             if v.patched and len(versions_seen) > 1:
                 d["problems"].append(f"nanopatch's source changed between its rounds ({len(versions_seen)} versions)")
             d["findings"] = findings(v, d, cores)
-            row["details"] = d
-        rows.append(row)
-        by_name[name] = row
-    for row in rows:
-        if row["rate"] is None:
-            continue
-        base = by_name.get(row["baseline"])
-        if base and base["rate"]:
-            row["ratio"] = row["rate"] / base["rate"]
-            row["ratio_per_round"] = per_round(row, base)
-        second = by_name.get(SECOND_BASELINE.get(row["group"], ""))
-        if second and second["rate"]:
-            row["ratio_to_bf16_mixed"] = row["rate"] / second["rate"]
-        row["targets"] = targets_of(row, by_name)
+        rows.append(r)
+        by_name[name] = r
+    for group, baseline in BASELINE.items():
+        in_group = [r for r in rows if r["group"] == group]
+        h.ratios_to(in_group, by_name.get(baseline))
+        h.ratios_to(in_group, by_name.get(SECOND_BASELINE.get(group, "")), "ratio_to_bf16_mixed")
+    for r in rows:
+        if r["rate"] is not None:
+            r["targets"] = targets_of(r, by_name)
     return rows
-
-
-def per_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
-    """a's rate / b's, round by round (rounds where both ran)."""
-    theirs = dict(zip(b["rounds"], b["rates"], strict=True))
-    return [r / theirs[i] for i, r in zip(a["rounds"], a["rates"], strict=True) if i in theirs]
 
 
 def targets_of(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -879,7 +716,7 @@ def print_markdown(report: dict[str, Any]) -> None:
         f"{'yes' if m['native_bf16'] else 'no'}; " + ", ".join(f"{k} {m[k]}" for k in VERSIONS if m.get(k))
     )
     print(
-        f"- {plural(report['rounds'], 'round')} x {plural(report['steps'], 'timed step')} per run after "
+        f"- {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} per run after "
         f"{report['warmup']} warm-up, each run a fresh process (group), order rotated each round; 1-min load "
         f"average at start {m['loadavg_start']}, at the end {report['loadavg_end']}"
     )
@@ -932,7 +769,7 @@ def print_markdown(report: dict[str, Any]) -> None:
 
 
 def one_line(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "/")
+    return h.one_line(text, 10**6).replace("|", "/")
 
 
 def cells(row: dict[str, Any], second: bool) -> list[str]:
@@ -949,7 +786,12 @@ def cells(row: dict[str, Any], second: bool) -> list[str]:
             text += f" ({min(rounds):.2f}-{max(rounds):.2f})"
         return text
 
-    out = [row["variant"], fmt(row["rate"]), f"{fmt(low)}-{fmt(high)}", ratio(row["ratio"], row.get("ratio_per_round"))]
+    out = [
+        row["variant"],
+        fmt(row["rate"]),
+        f"{fmt(low)}-{fmt(high)}",
+        ratio(row["ratio_to_stock"], row.get("ratio_per_round")),
+    ]
     if second:
         out.append(ratio(row.get("ratio_to_bf16_mixed")))
     targets = [f">= {t['at_least']:g}x {t['against']}: {'met' if t['met'] else 'not met'}" for t in row["targets"]]
@@ -966,59 +808,6 @@ def cells(row: dict[str, Any], second: bool) -> list[str]:
 VERSIONS = ("torch", "torchvision", "lightning", "transformers", "timm", "accelerate")
 
 
-def versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found: dict[str, str | None] = {}
-    for name in VERSIONS:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def git_state() -> dict[str, Any]:
-    """The checkout's commit and the files changed under nanopatch/ (what the nanopatch variants ran)."""
-    repo = Path(__file__).resolve().parent.parent
-
-    def git(*words: str) -> str | None:
-        try:
-            return subprocess.run(["git", *words], cwd=repo, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = git("status", "--porcelain", "--", "nanopatch")
-    return {
-        "commit": (git("rev-parse", "HEAD") or "").strip() or None,
-        "nanopatch_changes": [line[3:] for line in (status or "").splitlines()],
-    }
-
-
-def source_digest() -> str | None:
-    """A digest of nanopatch's source as the next run will import it: a run that overlaps someone
-    editing the checkout would otherwise mix versions between rounds without a word."""
-    import hashlib
-    import importlib.util
-
-    spec = importlib.util.find_spec("nanopatch")
-    if spec is None or spec.origin is None:
-        return None
-    root = Path(spec.origin).parent
-    digest = hashlib.sha1()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
 def descriptions(args: argparse.Namespace) -> dict[str, str]:
     images = f"batch {args.batch} at {args.image_size} px, generated images, {CLASSES} classes"
     bert = (
@@ -1033,30 +822,9 @@ def descriptions(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
-    names: list[str] = []
-    for word in (w.strip() for w in text.split(",")):
-        if not word:
-            continue
-        if word in GROUP_ALIASES:
-            names += GROUP_ALIASES[word]
-        elif word in VARIANTS:
-            names.append(word)
-        else:
-            parser.error(
-                f"--variants: unknown {word!r}; choose from {', '.join(VARIANTS)} or {', '.join(GROUP_ALIASES)}"
-            )
-    if not names:
-        parser.error("--variants: none given")
-    return list(dict.fromkeys(names))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, help="rounds; every variant runs once per round (default 3; 2 --quick)")
-    parser.add_argument("--steps", type=int, help="timed training steps per run (default 5; 2 with --quick)")
-    parser.add_argument("--warmup", type=int, help="untimed steps before them (default 2; 1 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 steps after 1 warm-up step")
+    h.add_round_options(parser)
     parser.add_argument(
         "--variants",
         default="all",
@@ -1081,49 +849,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--nano-processes", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name, value in DEFAULTS[args.quick].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    h.round_defaults(args)
     for name, value in (TINY if args.tiny else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.worker:
         return worker_main(args)
-    names = parse_variants(args.variants, parser)
+    names = h.parse_names(args.variants, VARIANTS, "--variants", parser, GROUP_ALIASES)
     if min(args.rounds, args.steps, args.warmup, *(getattr(args, n) for n in TINY)) < 1:
         parser.error("--rounds, --steps, --warmup and the sizes must be >= 1")
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = h.log
     started = time.perf_counter()
-    machine = {**machine_facts(), **versions()}
-    git = git_state()
+    machine = h.machine_facts(*VERSIONS)
+    git = machine["git"]
     env = run_env()
     cores = len(os.sched_getaffinity(0))
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    orders = []
     with tempfile.TemporaryDirectory(prefix="nanopatch-frameworks-") as workdir:
-        for index in range(args.rounds):
-            order = names[index % len(names) :] + names[: index % len(names)]
-            orders.append({"order": order})
-            log(f"round {index + 1}/{args.rounds}: {', '.join(order)}")
-            for name in order:
-                time.sleep(SETTLE_S)
-                digest = source_digest()
-                result = run_once(VARIANTS[name], args, env, workdir)
-                result["round"] = index
-                result["nanopatch_digest"] = digest
-                runs[name].append(result)
-                if "rate" in result:
-                    log(f"  {name}: {result['rate']:.3g} {UNIT[VARIANTS[name].group]} ({result['wall_s']:.0f} s)")
-                else:
-                    log(f"  {name}: FAILED: {result['error']}\n{result.get('log', '')}")
+        runs, orders = h.interleave(
+            names, args.rounds, lambda n: run_once(VARIANTS[n], args, env, workdir), log, SETTLE_S
+        )
     rows = summarise(names, runs, args, cores)
     report = {
         "benchmark": "frameworks",
         "machine": machine,
-        "command": shlex.join(["python", shown_path(__file__), *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", h.shown_path(__file__), *(sys.argv[1:] if argv is None else argv)]),
         "descriptions": descriptions(args),
         "git": git,
         "sizes": {n: getattr(args, n) for n in TINY},
@@ -1134,14 +884,10 @@ def main(argv: list[str] | None = None) -> int:
         "round_orders": orders,
         "rows": rows,
         "runs": runs,
-        "loadavg_end": loadavg(),
+        "loadavg_end": h.load_average(),
         "seconds": time.perf_counter() - started,
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    print_markdown(report)
-    # a variant that failed is a row with its error (bench/run.py reads the JSON only after exit code 0)
-    return 0 if any(r["rate"] is not None for r in rows) else 1
+    return h.finish(report, args.json, print_markdown)
 
 
 if __name__ == "__main__":

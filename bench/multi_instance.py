@@ -53,32 +53,26 @@ How it is made fair:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import platform
-import resource
 import shlex
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import _harness as h  # bench/ is this script's folder, first on sys.path
+
 SEED = 20250
 CLASSES = 1000
 DATASET_BATCHES = 8  # batches in the synthetic data set (a multiple of every --nproc tried: no partial shards)
 SETTLE_S = 0.5  # pause before each run
-OTHER_LOAD_WARNING = 0.05  # share of the machine's CPU time taken by other processes during a run
 GROUP = "resnet18"
 STOCK, UNTUNED, TUNED, NPROC = "stock", "untuned", "tuned", "nproc"
 VARIANTS = (STOCK, UNTUNED, TUNED, NPROC)
 MODELS = ("resnet18", "tiny")  # tiny: a small CNN, for the test suite
-DEFAULTS = {False: {"rounds": 3, "steps": 5, "warmup": 2}, True: {"rounds": 2, "steps": 2, "warmup": 1}}
 #: environment variables no variant inherits from the caller
 CLEARED = (
     "OMP_NUM_THREADS",
@@ -139,19 +133,6 @@ def thread_cpus() -> dict[str, list[str]]:
             continue
         found.setdefault(cpus, []).append(name)
     return {cpus: sorted(names) for cpus, names in sorted(found.items())}
-
-
-def mapped(fragment: str) -> str | None:
-    """Path of a library mapped into this process whose file name contains ``fragment``."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split()[-1]
-                if fragment in os.path.basename(path):
-                    return path
-    except OSError:
-        pass
-    return None
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -226,8 +207,8 @@ def worker_main(args: argparse.Namespace) -> int:
         "affinity_at_start": affinity_at_start,
         "affinity_after": sorted(os.sched_getaffinity(0)),
         "thread_cpus": thread_cpus(),
-        "jemalloc": mapped("libjemalloc"),
-        "tcmalloc": mapped("libtcmalloc"),
+        "jemalloc": h.mapped_library("libjemalloc"),
+        "tcmalloc": h.mapped_library("libtcmalloc"),
         "process_group": initialised,
         "world_size": dist.get_world_size() if initialised else 1,
         "backend": str(dist.get_backend()) if initialised else None,
@@ -292,111 +273,13 @@ def command(key: str, args: argparse.Namespace, out: str) -> list[str]:
     return [sys.executable, *launcher, *worker]
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds all CPUs of the machine have spent busy since boot (steal included), or None."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu" or len(fields) < 9:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def adopt_descendants() -> None:
-    """Processes a run leaves behind (Lightning's DDP rank 1, started by rank 0 and not waited
-    for) become this process's children when their parent exits, so that
-    :func:`reap_descendants` can wait for them and their CPU time counts as the run's own, not
-    as other load. Linux only; elsewhere nothing changes."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def reap_descendants(group: int, timeout: float) -> None:
-    """Wait for every child left (see :func:`adopt_descendants`); after ``timeout`` seconds,
-    kill process group ``group`` (the run's session) and reap what remains."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid:
-            continue
-        if time.monotonic() > deadline:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except OSError:
-                pass
-            deadline = float("inf")
-        time.sleep(0.05)
-
-
 def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
     """One fresh process (group) of a variant: its rate, or its error."""
     out = tempfile.mkdtemp(prefix=f"{key}-", dir=workdir)
-    argv = command(key, args, out)
-    log_path = Path(out, "log.txt")
     expected = args.nproc if key == NPROC else 1
-    adopt_descendants()
-    busy_before, ours_before = machine_busy_s(), children_cpu_s()
-    started = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return {"error": f"no result within {args.timeout:.0f} s (killed)", "log": tail(log_path)}
-    reap_descendants(proc.pid, 60)
-    wall = time.perf_counter() - started
-    busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
-    # CPU time of everything else on the machine during the run, as a share of all its CPUs
-    other_load = None
-    if busy_before is not None and busy_after is not None:
-        other_load = max(0.0, busy_after - busy_before - ours) / (wall * (os.cpu_count() or 1))
-    ranks = []
-    for path in sorted(Path(out).glob("rank*.json")):
-        try:
-            ranks.append(json.loads(path.read_text()))
-        except ValueError as exc:
-            return {"error": f"{path.name}: {exc}", "log": tail(log_path)}
-    if code != 0:
-        return {"error": f"exited with status {code}", "log": tail(log_path)}
-    if len(ranks) != expected:
-        return {"error": f"{len(ranks)} rank result(s), expected {expected}", "log": tail(log_path)}
-    ranks.sort(key=lambda r: r["rank"])
-    images = sum(r["images"] for r in ranks)
-    seconds = max(r["seconds"] for r in ranks)
-    return {
-        "rate": images / seconds,
-        "images": images,
-        "seconds": seconds,
-        "cpu_s": sum(r["cpu_s"] for r in ranks),
-        "wall_s": wall,
-        "other_load": other_load,
-        "ranks": ranks,
-    }
+    return h.run_ranks(
+        command(key, args, out), env=env, out=out, timeout=args.timeout, count="images", expected=expected
+    )
 
 
 def cpu_text(cpus: list[int]) -> str:
@@ -429,11 +312,6 @@ def outside(rank: dict[str, Any]) -> list[str]:
 def facts_of(run: dict[str, Any]) -> dict[str, Any]:
     """What a run's processes ran with, and the checks across its ranks."""
     ranks = run["ranks"]
-    starts = [set(r["affinity_at_start"]) for r in ranks]
-    disjoint = all(not (a & b) for i, a in enumerate(starts) for b in starts[i + 1 :])
-    checksums = [r["param_checksum"] for r in ranks]
-    in_sync = all(abs(c - checksums[0]) <= 1e-9 * max(1.0, abs(checksums[0])) for c in checksums)
-    data = [r["data_checksum"] for r in ranks]
     return {
         "processes": len(ranks),
         "threads": [r["threads"] for r in ranks],
@@ -450,9 +328,7 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
         "channels_last": [r["channels_last"] for r in ranks],
         "nanopatch_imported": [r["nanopatch_imported"] for r in ranks],
         "env": [r["env"] for r in ranks],
-        "disjoint_affinity": disjoint if len(ranks) > 1 else None,
-        "ranks_in_sync": in_sync if len(ranks) > 1 else None,
-        "ranks_saw_different_data": len(set(data)) == len(data) if len(ranks) > 1 else None,
+        **h.rank_checks(ranks, "data_checksum"),
     }
 
 
@@ -460,14 +336,10 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
 STABLE = ("processes", "threads", "affinity", "jemalloc", "tcmalloc", "world_size", "ddp", "loader_batches")
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def ran_with(d: dict[str, Any]) -> str:
     """A short account of a variant's details, for the table."""
     if d["processes"] == 1:
-        parts = [f"1 process, {plural(d['threads'][0], 'thread')}, CPUs {d['affinity'][0]}"]
+        parts = [f"1 process, {h.plural(d['threads'][0], 'thread')}, CPUs {d['affinity'][0]}"]
     else:
         threads = "/".join(map(str, sorted(set(d["threads"]))))
         word = "thread" if threads == "1" else "threads"
@@ -515,71 +387,24 @@ def problems(key: str, d: dict[str, Any], physical_cores: int, nproc: int) -> li
 
 
 def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, cores: int, physical: int):
-    rows = []
-    by_key = {}
+    rows, by_key = [], {}
+    group = GROUP if args.model == "resnet18" else args.model
     for key in keys:
-        name = variant_name(key, args.nproc)
         ok = [r for r in runs[key] if "rate" in r]
-        errors = [r for r in runs[key] if "rate" not in r]
-        row: dict[str, Any] = {
-            "group": GROUP if args.model == "resnet18" else args.model,
-            "variant": name,
-            "key": key,
-            "rate": None,
-            "unit": "img/s",
-            "ratio": None,
-            "baseline": variant_name(STOCK, args.nproc),
-            "spread": [],
-            "rates": [r["rate"] for r in ok],
-            "rounds": [r["round"] for r in ok],
-            "command": shlex.join(command(key, args, "OUT")),
-            "details": {},
-        }
-        if errors:
-            row["error"] = errors[0]["error"]
-            row["failed_runs"] = len(errors)
-            row["log"] = errors[0].get("log", "")
+        name, command_line = variant_name(key, args.nproc), shlex.join(command(key, args, "OUT"))
+        r = h.ranks_row("multi_instance", group, name, "img/s", runs[key], cores, stock=key == STOCK, key=key)
+        r["command"] = command_line
         if ok:
-            rates = row["rates"]
-            row["rate"] = statistics.median(rates)
-            row["spread"] = [min(rates), max(rates)]
-            details = facts_of(ok[-1])
-            changed = [f for f in STABLE if any(facts_of(r)[f] != details[f] for r in ok)]
-            details["changed_between_rounds"] = changed
-            details["cpu_use"] = statistics.median(r["cpu_s"] / (r["seconds"] * cores) for r in ok)
-            details["step_s_per_rank"] = [r["step_s"] for r in ok[-1]["ranks"]]
-            details["setup_s"] = statistics.median(max(x["setup_s"] for x in r["ranks"]) for r in ok)
-            details["wall_s"] = statistics.median(r["wall_s"] for r in ok)
-            loads = [r["other_load"] for r in ok if r["other_load"] is not None]
-            details["other_load"] = loads
-            busy = [f"{x * 100:.0f}%" for x in loads if x > OTHER_LOAD_WARNING]
-            details["load_warning"] = None
-            if busy:
-                details["load_warning"] = (
-                    f"other processes took {', '.join(busy)} of the machine's CPU time during "
-                    f"{plural(len(busy), 'run')} of {len(ok)}: those rates are suspect"
-                )
-            details["problems"] = problems(key, details, physical, args.nproc) + [
-                f"{f} changed between rounds" for f in changed
-            ]
-            row["details"] = details
-        rows.append(row)
-        by_key[key] = row
-    stock, tuned = by_key.get(STOCK), by_key.get(TUNED)
-    for row in rows:
-        if row["rate"] is None:
-            continue
-        if stock and stock["rate"]:
-            row["ratio"] = row["rate"] / stock["rate"]
-        if tuned and tuned["rate"]:
-            row["ratio_to_tuned"] = row["rate"] / tuned["rate"]
+            facts = facts_of(ok[-1])
+            changed = [f for f in STABLE if any(facts_of(x)[f] != facts[f] for x in ok)]
+            d = r["details"]
+            d.update(facts, changed_between_rounds=changed, step_s_per_rank=[x["step_s"] for x in ok[-1]["ranks"]])
+            d["problems"] = problems(key, d, physical, args.nproc) + [f"{f} changed between rounds" for f in changed]
+        rows.append(r)
+        by_key[key] = r
+    h.ratios_to(rows, by_key.get(STOCK))
+    h.ratios_to(rows, by_key.get(TUNED), "ratio_to_tuned")
     return rows, by_key
-
-
-def per_round(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
-    """a's rate / b's, round by round (rounds where both ran)."""
-    theirs = dict(zip(b["rounds"], b["rates"], strict=True))
-    return [r / theirs[i] for i, r in zip(a["rounds"], a["rates"], strict=True) if i in theirs]
 
 
 def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
@@ -593,7 +418,7 @@ def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str,
         ra, rb = by_key.get(a), by_key.get(b)
         if not ra or not rb or ra["rate"] is None or rb["rate"] is None:
             continue
-        rounds = per_round(ra, rb)
+        rounds = h.per_round(ra["rates"], ra["rounds"], rb["rates"], rb["rounds"])
         out.append(
             {
                 "label": label,
@@ -619,7 +444,7 @@ def print_markdown(report: dict[str, Any]) -> None:
         f"{'yes' if m['amx'] else 'no'}; torch {m['torch']}, Python {m['python']}"
     )
     print(
-        f"- {report['description']}; {plural(report['rounds'], 'round')} x {plural(report['steps'], 'timed step')} "
+        f"- {report['description']}; {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} "
         f"per run after {report['warmup']} warm-up, each run a fresh process (group), order rotated each round; "
         f"1-min load average at start {m['loadavg_start']}"
     )
@@ -636,7 +461,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             row["variant"],
             fmt(row["rate"]),
             f"{fmt(low)}-{fmt(high)}",
-            f"{row['ratio']:.2f}x" if row["ratio"] is not None else "",
+            f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",
             f"{row['ratio_to_tuned']:.2f}x" if "ratio_to_tuned" in row else "",
             f"{d['cpu_use'] * 100:.0f}%",
             f"{max(d['other_load']) * 100:.0f}%" if d["other_load"] else "?",
@@ -675,51 +500,9 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(f"\nCommand: `{report['command']}`; run took {report['seconds']:.0f} s.")
 
 
-def shown_path(path: str) -> str:
-    relative = os.path.relpath(path)
-    return os.path.abspath(path) if relative.startswith("..") else relative
-
-
-def machine_facts() -> dict[str, Any]:
-    from importlib.metadata import version
-
-    from nanopatch import cpu
-
-    facts = cpu.host_facts().as_dict()
-    try:
-        with open("/proc/loadavg") as f:
-            load = " ".join(f.read().split()[:3])
-    except OSError:
-        load = "?"
-    return {
-        **{
-            k: facts[k]
-            for k in ("vendor", "model_name", "flags", "logical_cpus", "allowed_cpus", "physical_cores", "sockets")
-        },
-        "usable_cores": facts["usable_cores"],
-        "amx": facts["amx"],
-        "native_bf16": facts["native_bf16"],
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "torchvision": version("torchvision"),
-        "loadavg_start": load,
-    }
-
-
-def parse_variants(text: str, parser: argparse.ArgumentParser) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        parser.error(f"--variants: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(VARIANTS)}")
-    return list(dict.fromkeys(names))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, help="rounds; every variant runs once per round (default 3; 2 --quick)")
-    parser.add_argument("--steps", type=int, help="timed training steps per run (default 5; 2 with --quick)")
-    parser.add_argument("--warmup", type=int, help="untimed steps before them (default 2; 1 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 steps after 1 warm-up step")
+    h.add_round_options(parser)
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
@@ -735,45 +518,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224, help=argparse.SUPPRESS)
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # internal: run as the training script
     args = parser.parse_args(argv)
-    for name, value in DEFAULTS[args.quick].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    h.round_defaults(args)
     if args.worker:
         return worker_main(args)
-    keys = parse_variants(args.variants, parser)
+    keys = h.parse_names(args.variants, VARIANTS, "--variants", parser)
     if min(args.rounds, args.steps, args.warmup, args.nproc, args.batch, args.image_size) < 1:
         parser.error("--rounds, --steps, --warmup, --nproc, --batch and --image-size must be >= 1")
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = h.log
     started = time.perf_counter()
-    machine = machine_facts()
+    machine = h.machine_facts()
     env = run_env()
     cores = len(os.sched_getaffinity(0))
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
-    rounds_meta = []
     with tempfile.TemporaryDirectory(prefix="nanopatch-multi-instance-") as workdir:
-        for index in range(args.rounds):
-            order = keys[index % len(keys) :] + keys[: index % len(keys)]
-            rounds_meta.append({"order": [variant_name(k, args.nproc) for k in order]})
-            log(f"round {index + 1}/{args.rounds}: {', '.join(order)}")
-            for key in order:
-                time.sleep(SETTLE_S)
-                result = run_once(key, args, env, workdir)
-                result["round"] = index
-                runs[key].append(result)
-                name = variant_name(key, args.nproc)
-                if "rate" in result:
-                    log(f"  {name}: {result['rate']:.3g} img/s ({result['wall_s']:.0f} s)")
-                else:
-                    log(f"  {name}: FAILED: {result['error']}\n{result.get('log', '')}")
+        runs, orders = h.interleave(keys, args.rounds, lambda key: run_once(key, args, env, workdir), log, SETTLE_S)
+    rounds_meta = [{"order": [variant_name(k, args.nproc) for k in o["order"]]} for o in orders]
     rows, by_key = summarise(keys, runs, args, cores, machine["physical_cores"])
     described = "torchvision ResNet-18" if args.model == "resnet18" else "a small CNN"
     report = {
         "benchmark": "multi_instance",
         "machine": machine,
-        "command": shlex.join(["python", shown_path(__file__), *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", h.shown_path(__file__), *(sys.argv[1:] if argv is None else argv)]),
         "description": (
             f"{described}, batch {args.batch} per process at {args.image_size} px, SGD(momentum 0.9), "
             f"cross-entropy over {CLASSES} classes, synthetic data ({DATASET_BATCHES} batches, seed {SEED})"
@@ -788,11 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {variant_name(k, args.nproc): v for k, v in runs.items()},
         "seconds": time.perf_counter() - started,
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    print_markdown(report)
-    # a variant that failed is a row with its error (bench/run.py reads the JSON only after exit code 0)
-    return 0 if any(r["rate"] is not None for r in rows) else 1
+    return h.finish(report, args.json, print_markdown)
 
 
 if __name__ == "__main__":

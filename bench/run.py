@@ -4,11 +4,11 @@ Runs the benches in bench/ one after another, each as its own subprocess that ti
 nanopatch side by side exactly as it does when run alone (this script times nothing itself), with
 a progress bar over the benches. Each bench's output goes to a log file beside the results; a
 bench that fails is recorded as failed, with the tail of its log, and the others go on (the exit
-code is then 1). Each bench's JSON is normalised by a small adapter into common rows
-(bench, group = pipeline and size or model, variant, rate, unit, ratio to stock) and written,
-with the machine (from ``python -m nanopatch --info --json``), the versions, the git commit and
-the command, to ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``,
-one table per bench) and one PNG chart per bench (the speed-up over stock per pipeline or model).
+code is then 1). Every bench writes its results as rows of one schema (bench/_harness.py: bench,
+group = pipeline and size or model, variant, rate, unit, ratio to stock, spread); they are written,
+with the machine, the versions, the git commit and the command, to
+``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``, one table per bench)
+and one PNG chart per bench (the speed-up over stock per pipeline or model).
 
     PYTHONPATH=. python bench/run.py [--quick]
                                      [--only decode,transforms,train_step,import_cost,multi_instance,frameworks]
@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _harness as h  # bench/ is this script's folder, first on sys.path
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 SCHEMA = 1
 LOG_TAIL_LINES = 40
-#: CPU time / (wall time x threads) below which a bench's sample shared its cores (as train_step.py's note)
-BUSY_CPU_SHARE = 0.9
-SUSPECT_MARK = "\u2020"  # dagger
+BUSY_CPU_SHARE, SUSPECT_MARK, one_line, suspect = h.BUSY_CPU_SHARE, h.SUSPECT_MARK, h.one_line, h.suspect
 IMPORT_COST_QUICK_ROUNDS = 5
 
 
@@ -68,17 +68,17 @@ class Bench:
     """One benchmark script and how to read it.
 
     ``args(options, json_path)`` gives its command-line options; with ``json_to == "stdout"`` its
-    JSON is what it prints, with ``"file"`` what it writes to ``json_path``. ``adapt(raw)`` turns
-    that JSON into common rows (see :func:`row`). ``readme`` maps the variants shown in the
-    README table to short labels (None: every variant but stock, by name). ``show_delta`` adds the
-    difference from stock in the rate's unit (for times)."""
+    JSON is what it prints, with ``"file"`` what it writes to ``json_path``; its ``rows`` are in
+    the one schema of bench/_harness.py. ``label(variant)`` is the variant's name in the report.
+    ``readme`` maps the variants shown in the README table to short labels (None: every variant but
+    stock, by name). ``show_delta`` adds the difference from stock in the rate's unit (for times)."""
 
     name: str
     script: Path
     title: str
     group_label: str
     args: Callable[[Options, Path], list[str]]
-    adapt: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    label: Callable[[str], str] = str
     json_to: str = "stdout"
     about: str = ""
     readme: dict[str, str] | None = None
@@ -86,202 +86,31 @@ class Bench:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-# --- adapters: each bench's JSON -> common rows ------------------------------------------------
+# --- reading the benches' rows ---------------------------------------------------------------------
+
+#: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``
+ROW_KEYS = (
+    "bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread", "note", "cpu_share",
+    "other_load", "noisy",
+)  # fmt: skip
 
 
-def row(
-    bench: str,
-    group: str,
-    variant: str,
-    rate: float | None,
-    unit: str,
-    ratio: float | None,
-    *,
-    stock: bool = False,
-    note: str | None = None,
-    cpu_share: float | None = None,
-    noisy: bool = False,
-) -> dict[str, Any]:
-    """A normalised result. ``ratio_to_stock`` is a speed-up (stock is 1.0, above is faster);
-    ``stock`` marks the reference variant of the group; a variant that did not run has rate and
-    ratio None and a ``note`` saying why. ``cpu_share`` (where the bench measures it): CPU time /
-    (wall time x threads) of the timed samples; below :data:`BUSY_CPU_SHARE` other processes
-    were taking the cores and the rate is suspect. ``noisy``: suspect for another reason, given in
-    the note."""
-    out = {
-        "bench": bench,
-        "group": group,
-        "variant": variant,
-        "rate": None if rate is None else float(rate),
-        "unit": unit,
-        "ratio_to_stock": 1.0 if stock and rate is not None else (None if ratio is None else float(ratio)),
-        "stock": stock,
-    }
-    if note:
-        out["note"] = note
-    if cpu_share is not None:
-        out["cpu_share"] = float(cpu_share)
-    if noisy:
-        out["noisy"] = True
-    return out
-
-
-def suspect(r: dict[str, Any]) -> bool:
-    """The rate was measured while other processes took the cores, or is too noisy to trust."""
-    return bool(r.get("noisy")) or (r.get("cpu_share") is not None and r["cpu_share"] < BUSY_CPU_SHARE)
-
-
-def one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def adapt_decode(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/decode.py --json: ``results`` holds one row per variant and size."""
-    return [
-        row(
-            "decode",
-            r["size"],
-            r["variant"],
-            r["img_per_s"],
-            "img/s",
-            r["x_stock"],
-            stock=r["variant"] == "stock loader",
-            cpu_share=r.get("cpu_share"),
-        )
-        for r in raw["results"]
-    ]
-
-
-def adapt_transforms(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/transforms.py --json: ``results`` holds one row per size, pipeline and variant; ``rate``
-    is on the clock the run chose (wall by default)."""
-    rows = []
-    for r in raw["results"]:
-        unit = "img/s" if r.get("clock", raw.get("clock", "wall")) == "wall" else "img/CPU-s"
-        group = f"{r['pipeline']} {r['size']}"
-        rows.append(
-            row(
-                "transforms",
-                group,
-                r["variant"],
-                r["rate"],
-                unit,
-                r["x_stock"],
-                stock=r["variant"] == "stock",
-                cpu_share=r.get("cpu_share"),
-            )
-        )
-    return rows
-
-
-IMPORT_STOCK = "import torch"
-#: (max - min) / median of import_cost's samples above which a row says the run was too noisy
-IMPORT_NOISY_SPREAD = 0.2
-
-
-def adapt_import_cost(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/import_cost.py --json: median seconds per command. Rate = start-up time in ms; ratio
-    = stock's time / the variant's, so that above 1.0 is faster here too."""
-    medians = raw["median_s"]
-    base = medians[IMPORT_STOCK]
-    rows = []
-    for name, seconds in medians.items():
-        variant = name.replace("... + ", "import torch, nanopatch + ") if name.startswith("...") else name
-        samples = raw.get("samples_s", {}).get(name) or []
-        note = None
-        if len(samples) > 1 and (max(samples) - min(samples)) / seconds > IMPORT_NOISY_SPREAD:
-            note = (
-                f"{SUSPECT_MARK} samples {min(samples) * 1000:.0f}-{max(samples) * 1000:.0f} ms over "
-                f"{len(samples)} rounds: the machine's noise is larger than what is measured"
-            )
-        rows.append(
-            row(
-                "import_cost",
-                "start-up",
-                variant,
-                seconds * 1000,
-                "ms",
-                base / seconds,
-                stock=name == IMPORT_STOCK,
-                note=note,
-                noisy=note is not None,
-            )
-        )
-    return rows
-
-
-def adapt_train_step(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/train_step.py --json PATH: per model, per variant a status, the median rate and x_stock."""
-    rows = []
-    for model, result in raw["models"].items():
-        for variant, v in result["variants"].items():
-            if v.get("status") == "ok":
-                rows.append(
-                    row(
-                        "train_step",
-                        model,
-                        variant,
-                        v["median"],
-                        result["unit"],
-                        v.get("x_stock"),
-                        stock=variant == "stock",
-                        cpu_share=v.get("cpu_share"),
-                    )
-                )
-            else:
-                note = one_line(v.get("error") or v.get("status", "did not run"))
-                rows.append(row("train_step", model, variant, None, result["unit"], None, note=note))
-    return rows
-
-
-def adapt_multi_instance(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/multi_instance.py --json PATH: already rows of group, variant, rate, unit, ratio (to the
-    variant named by ``baseline``, which is this bench's stock)."""
+def rows_of(bench: Bench, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bench's rows as the report keeps them: the common keys, the variant shown by ``label``."""
     rows = []
     for r in raw["rows"]:
-        is_base = r["variant"] == r.get("baseline")
-        rate = r.get("rate")
-        note = None if rate is not None else one_line(r.get("error") or r.get("note") or "no rate")
-        rows.append(
-            row(
-                "multi_instance",
-                r["group"],
-                r["variant"],
-                rate,
-                r.get("unit", ""),
-                r.get("ratio"),
-                stock=is_base,
-                note=note,
-                cpu_share=r.get("cpu_share"),
-            )
-        )
+        kept = {k: r[k] for k in ROW_KEYS if k in r}
+        kept["bench"] = bench.name
+        kept["variant"] = bench.label(r["variant"])
+        if kept["rate"] is None and not kept.get("note"):
+            kept["note"] = one_line(r.get("error") or "did not run")
+        rows.append(kept)
     return rows
 
 
-def adapt_frameworks(raw: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/frameworks.py --json PATH: rows of group (lightning, lightning-ddp, hf, timm), variant,
-    rate, unit, ratio to the group's ``baseline``. Variants lose their group prefix (``hf-nanopatch``
-    -> ``nanopatch``) so that the groups share columns; a run under other load is marked noisy."""
-    rows = []
-    for r in raw["rows"]:
-        rate, details = r.get("rate"), r.get("details") or {}
-        warning = details.get("load_warning")
-        note = one_line(r.get("error") or "no rate") if rate is None else warning
-        rows.append(
-            row(
-                "frameworks",
-                r["group"],
-                re.sub(r"^(ddp|hf|timm)-", "", r["variant"]),
-                rate,
-                r.get("unit", ""),
-                r.get("ratio"),
-                stock=r["variant"] == r.get("baseline"),
-                note=note,
-                noisy=bool(warning),
-            )
-        )
-    return rows
+def frameworks_label(variant: str) -> str:
+    """``hf-nanopatch`` -> ``nanopatch``: the groups share columns."""
+    return re.sub(r"^(ddp|hf|timm)-", "", variant)
 
 
 def _quick(options: Options) -> list[str]:
@@ -297,7 +126,6 @@ BENCHES: dict[str, Bench] = {
             title="JPEG loading: torchvision's pil_loader, stock against nanopatch",
             group_label="size",
             args=lambda o, _: [*_quick(o), "--json"],
-            adapt=adapt_decode,
             about="images/s on one pinned core, file read included; stock = torchvision's own `pil_loader`",
             readme={"nanopatch loader": "loader", "nanopatch DCT-scaled (min 224)": "DCT-scaled decode"},
         ),
@@ -307,7 +135,6 @@ BENCHES: dict[str, Bench] = {
             title="ImageFolder + torchvision transforms pipelines",
             group_label="pipeline",
             args=lambda o, _: [*_quick(o), "--json"],
-            adapt=adapt_transforms,
             about="images/s of `dataset[i]` on one pinned core; stock = torchvision as installed",
             readme={"nanopatch": "nanopatch", "nanopatch fast decode": "fast decode"},
         ),
@@ -322,7 +149,6 @@ BENCHES: dict[str, Bench] = {
                 "--json",
                 str(path),
             ],
-            adapt=adapt_train_step,
             json_to="file",
             about="samples/s of a full training step with torch's default threads; stock = nanopatch not imported",
             readme={"patched": "patched", "compile": "compile", "ipex": "IPEX"},
@@ -333,7 +159,6 @@ BENCHES: dict[str, Bench] = {
             title="Several training instances on one machine",
             group_label="model",
             args=lambda o, path: [*_quick(o), "--json", str(path)],
-            adapt=adapt_multi_instance,
             json_to="file",
             about="total samples/s; ratios are to the variant each row names as its baseline",
         ),
@@ -343,7 +168,7 @@ BENCHES: dict[str, Bench] = {
             title="Framework training code: Lightning, Hugging Face Trainer, timm",
             group_label="framework",
             args=lambda o, path: [*_quick(o), "--json", str(path)],
-            adapt=adapt_frameworks,
+            label=frameworks_label,
             json_to="file",
             about="samples/s of the training steps of unmodified framework scripts; stock = plain python",
             readme={"nanopatch": "nanopatch", "nanopatch+bf16-mixed": "nanopatch + bf16-mixed", "nproc2": "--nproc 2"},
@@ -354,7 +179,6 @@ BENCHES: dict[str, Bench] = {
             title="Start-up: what importing nanopatch adds to import torch",
             group_label="command",
             args=lambda o, _: [*(["--rounds", str(IMPORT_COST_QUICK_ROUNDS)] if o.quick else []), "--json"],
-            adapt=adapt_import_cost,
             about="median wall time of `python -c ...`, interleaved rounds; ratio = stock's time / the variant's",
             readme={
                 "import torch, nanopatch": "import nanopatch",
@@ -526,136 +350,34 @@ def run_bench(
                 log_tail = tail(log_tail + ("\n--- stdout ---\n" + tail(printed, 10) if printed else ""))
             else:
                 try:
-                    entry["rows"] = bench.adapt(entry["raw"])
+                    entry["rows"] = rows_of(bench, entry["raw"])
                     entry["status"] = "ok"
-                except Exception as exc:  # the JSON is kept: --render can be run once the adapter is fixed
-                    entry["error"] = f"could not read its JSON: {type(exc).__name__}: {exc}"
-                    log_tail = f"(adapter error; the bench's raw JSON is kept)\n{log_tail}"
+                except (KeyError, TypeError) as exc:  # the JSON is kept
+                    entry["error"] = f"its JSON has no rows in the schema: {type(exc).__name__}: {exc}"
+                    log_tail = f"(the bench's raw JSON is kept)\n{log_tail}"
         if entry["status"] != "ok":
             entry["log_tail"] = log_tail
         return entry
 
 
-def git_state() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-
-    try:
-        return {
-            "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        }
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"commit": None, "dirty": None, "error": one_line(exc)}
+#: versions the report gives besides Python, torch, torchvision and nanopatch
+VERSIONS = ("intel-extension-for-pytorch", "numpy", "pillow", "opencv-python-headless", "opencv-python", "PyTurboJPEG")
 
 
-def machine_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The machine and the versions, from ``python -m nanopatch --info --json`` run the way the
-    benches run (this interpreter, this checkout's nanopatch), with fallbacks if that fails."""
-    info: dict[str, Any] | None = None
-    error = None
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "nanopatch", "--info", "--json"],
-            cwd=REPO_ROOT,
-            env=env or child_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            error = f"exit code {done.returncode}: {tail(done.stderr, 3)}"
-        else:
-            info = parse_json_output(done.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    cpu = (info or {}).get("cpu", {})
-    packages = (info or {}).get("packages", {})
-    model, flags = cpuinfo()
-    if "flags" in cpu:
-        flags = cpu["flags"]
+def machine_facts() -> dict[str, Any]:
+    """The machine, the versions and the git state (bench/_harness.py), with the host name."""
+    m = h.machine_facts(*VERSIONS)
+    keep = ("vendor", "physical_cores", "logical_cpus", "usable_cores", "flags", "native_bf16", "amx", "mem_total_gib")
     machine = {
         "hostname": socket.gethostname(),
-        "cpu_model": cpu.get("model_name") or model,
-        "vendor": cpu.get("vendor"),
-        "physical_cores": cpu.get("physical_cores"),
-        "logical_cpus": cpu.get("logical_cpus", os.cpu_count()),
-        "usable_cores": cpu.get("usable_cores"),
-        "cpu_quota": cpu.get("cpu_quota"),
-        "flags": flags,
-        "native_bf16": cpu.get("native_bf16", any(f in flags for f in ("avx512_bf16", "amx_bf16"))),
-        "amx": cpu.get("amx", "amx_tile" in flags and ("amx_bf16" in flags or "amx_int8" in flags)),
-        "bf16_reason": cpu.get("bf16_reason"),
-        "mem_total_gib": mem_total_gib(),
-        "platform": (info or {}).get("platform") or platform.platform(),
+        "cpu_model": m["model_name"],
+        **{k: m[k] for k in keep},
+        "platform": platform.platform(),
     }
-    versions = {
-        "python": platform.python_version(),
-        "torch": packages.get("torch") or installed("torch"),
-        "torchvision": packages.get("torchvision") or installed("torchvision"),
-        "nanopatch": (info or {}).get("nanopatch"),
-        "intel-extension-for-pytorch": packages.get("intel-extension-for-pytorch"),
-        "numpy": packages.get("numpy"),
-        "pillow": packages.get("pillow"),
-        "opencv": packages.get("opencv-python-headless") or packages.get("opencv-python"),
-        "PyTurboJPEG": packages.get("PyTurboJPEG"),
-    }
-    out: dict[str, Any] = {"machine": machine, "versions": versions, "nanopatch_info": info}
-    if error:
-        out["nanopatch_info_error"] = error
-    return out
-
-
-#: the ISA flags worth reporting when nanopatch cannot say (nanopatch.cpu.INTERESTING_FLAGS)
-FALLBACK_FLAGS = frozenset(
-    "sse4_2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 amx_tile amx_bf16 amx_int8".split()
-)
-
-
-def cpuinfo() -> tuple[str, list[str]]:
-    """The CPU model and the interesting flags of the first processor in /proc/cpuinfo."""
-    model, flags = platform.processor() or "unknown CPU", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = sorted(set(value.split()) & FALLBACK_FLAGS)
-    except OSError:
-        pass
-    return model, flags
-
-
-def mem_total_gib() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
-
-
-def load_average() -> str | None:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return None
-
-
-def installed(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
+    versions = {k: m[k] for k in ("python", "torch", "torchvision", "nanopatch", *VERSIONS)}
+    versions["opencv"] = versions.pop("opencv-python-headless") or versions.pop("opencv-python")
+    versions.pop("opencv-python", None)
+    return {"machine": machine, "versions": versions, "git": m["git"]}
 
 
 def results_stem(out_dir: Path, when: dt.datetime, hostname: str) -> str:
@@ -692,7 +414,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
     }
     for name, why in skipped.items():
         print(f"{name}: {why}", file=sys.stderr)
-    print("collecting machine facts (python -m nanopatch --info --json) ...", file=sys.stderr, flush=True)
     facts = machine_facts()
     stem = results_stem(out_dir, start, facts["machine"]["hostname"])
     json_path = out_dir / f"{stem}.json"
@@ -706,9 +427,8 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
         "duration_s": None,
         "complete": False,
         **facts,
-        "git": git_state(),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NANOPATCH_")},
-        "loadavg": {"start": load_average(), "end": None},
+        "loadavg": {"start": h.load_average(), "end": None},
         "benches": {},
         "skipped": skipped,
         "failures": [],
@@ -746,7 +466,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
         return 130
     progress.close()
     results["duration_s"] = time.monotonic() - started
-    results["loadavg"]["end"] = load_average()
+    results["loadavg"]["end"] = h.load_average()
     results["complete"] = True
     write_json(json_path, results)
     written = render(results, json_path, benches)
@@ -1055,26 +775,6 @@ def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -
     return True
 
 
-def renormalise(results: dict[str, Any], benches: dict[str, Bench]) -> bool:
-    """Normalise every bench's raw JSON again with the current adapters (so a fixed or extended
-    adapter applies to old results too). Returns whether any rows changed."""
-    changed = False
-    for name, entry in results.get("benches", {}).items():
-        if entry.get("status") != "ok" or "raw" not in entry or name not in benches:
-            continue
-        try:
-            rows = benches[name].adapt(entry["raw"])
-        except Exception as exc:  # keep the rows the run wrote
-            print(f"{name}: could not normalise its JSON again ({type(exc).__name__}: {exc})", file=sys.stderr)
-            continue
-        if rows != entry.get("rows"):
-            entry["rows"] = rows
-            changed = True
-    if changed:
-        results["rows"] = [r for entry in results["benches"].values() for r in entry.get("rows") or []]
-    return changed
-
-
 def render(results: dict[str, Any], json_path: Path, benches: dict[str, Bench]) -> list[Path]:
     """Write the Markdown summary and the charts beside ``json_path``; return what was written."""
     written: list[Path] = []
@@ -1119,20 +819,14 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     parser.add_argument("--readme", action="store_true", help="print a compact Markdown table for the project README")
     args = parser.parse_args(argv)
     if args.only is not None:
-        args.only = ordered([n.strip() for n in args.only.split(",") if n.strip()])
-        unknown = [n for n in args.only if n not in benches]
-        if unknown or not args.only:
-            parser.error(f"--only: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(benches)}")
+        args.only = h.parse_names(args.only, benches, "--only", parser)
     if args.render:
         path = Path(args.render)
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             parser.error(f"--render: cannot read {path}: {exc}")
-        rewritten = renormalise(results, benches)
-        if rewritten:
-            write_json(path, results)
-        written = ([path] if rewritten else []) + render(results, path, benches)
+        written = render(results, path, benches)
         for p in written:
             print(f"wrote {display_path(p)}", file=sys.stderr)
         if args.readme:

@@ -57,9 +57,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: machine facts
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_harness.py, when imported from elsewhere
 
-import decode as decode_bench
+import _harness as h
 
 STOCK, BY_HAND, PATCHED, COMPILE = "stock", "by-hand", "patched", "compile"
 IPEX, IPEX_STOCK = "ipex", "ipex-stock"
@@ -217,11 +217,7 @@ def compute_dtype(model, inputs, autocast: bool = False) -> str | None:
         if not seen and isinstance(output, torch.Tensor):
             seen.append(output.dtype)
 
-    def layer(module) -> bool:
-        name = type(module).__name__
-        return ("Conv" in name or "Linear" in name) and next(module.children(), None) is None
-
-    layers = [m for m in model.modules() if layer(m)]
+    layers = [m for m in model.modules() if leaf_layer(m)]
     handles = [m.register_forward_hook(hook) for m in layers]
     try:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -261,6 +257,27 @@ def observed(job: Job, compute_dtype: str | None, output, loss) -> dict[str, Any
     }
 
 
+def probed_step(job: Job) -> dict[str, Any]:
+    """One untimed training step with a forward hook on the model's first convolution or linear
+    layer (by class name, so IPEX's replacements count): the dtype it computed in and whether its
+    input was channels-last, seen from inside the model. Then one more step without the hook, so
+    that a compiled model's recompilation for the hook stays out of the timed steps."""
+    probe = h.Probe()
+    probe.attach(getattr(job.model, "_orig_mod", job.model), leaf_layer)
+    probe.active = True
+    try:
+        job.step()[1].item()
+    finally:
+        probe.detach()
+    job.step()[1].item()
+    return probe.as_dict()
+
+
+def leaf_layer(module) -> bool:
+    name = type(module).__name__
+    return ("Conv" in name or "Linear" in name) and next(module.children(), None) is None
+
+
 def rss_mib() -> tuple[float, float]:
     """(current, peak) resident memory of this process in MiB."""
     with open("/proc/self/statm") as f:
@@ -295,14 +312,15 @@ class Trainer:
             loss.item()
             warmup_s.append(time.perf_counter() - start)
         facts = observed(job, compute_dtype(job.model, job.inputs, autocast=job.by_hand), output, loss)
+        facts["probe"] = probed_step(job)
         if options is None:
             assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
         reply: dict[str, Any] = {
             "python": sys.executable,
             "python_version": platform.python_version(),
             "torch": torch.__version__,
-            "torchvision": version_of("torchvision"),
-            "ipex": version_of("intel-extension-for-pytorch"),
+            "torchvision": h.installed("torchvision"),
+            "ipex": h.installed("intel-extension-for-pytorch"),
             "threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
             "affinity": sorted(os.sched_getaffinity(0)),
@@ -350,15 +368,6 @@ class Trainer:
             "rss_mib": current,
             "peak_rss_mib": peak,
         }
-
-
-def version_of(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 def worker_main() -> int:
@@ -532,8 +541,8 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
             live = [v for v in variants if v in workers]
             if not live:
                 break
-            order = live[index % len(live) :] + live[: index % len(live)]
-            rounds.append({"order": order, "loadavg": decode_bench.load_average()})
+            order = h.rotated(live, index)
+            rounds.append({"order": order, "loadavg": h.load_average()})
             log(f"{model}: round {index + 1}/{args.rounds}: {', '.join(order)}")
             for variant in order:
                 time.sleep(SETTLE_S)
@@ -551,68 +560,64 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     finally:
         for worker in workers.values():
             worker.close()
-    summary = summarise(model, results, args.steps)
     return {
         "description": describe(model, shape),
         "unit": unit(model),
         "shape": shape,
         "rounds": rounds,
-        "variants": summary,
         "seconds": time.perf_counter() - started,
-    }
+    }, summarise(model, results, args.steps)
 
 
-def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> dict[str, dict[str, Any]]:
-    """Medians, spreads and ratios to stock, per variant."""
+def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """One row per variant: the median rate over the rounds, its spread, the ratio to stock, and
+    the worker's setup and samples."""
+    rows = []
     for variant, result in results.items():
+        common = ("train_step", model, variant)
         if result["status"] != "ok":
+            note = h.one_line(result.get("error") or result["status"])
+            rows.append(h.row(*common, None, unit(model), None, stock=variant == STOCK, note=note, **result))
             continue
-        per_step = result["setup"]["samples_per_step"]
-        samples = result["samples"]
-        rates = [steps * per_step / s["elapsed_s"] for s in samples]
-        threads = result["setup"]["threads"]
-        median = statistics.median(rates)
-        quartiles = statistics.quantiles(rates, n=4) if len(rates) > 1 else [median] * 3
+        samples, setup = result["samples"], result["setup"]
+        rates = [steps * setup["samples_per_step"] / s["elapsed_s"] for s in samples]
+        stats = h.spread(rates)
         step_s = statistics.median(s["elapsed_s"] / steps for s in samples)
-        warmup = result["setup"]["warmup_step_s"]
-        result.update(
-            {
-                "rates": rates,
-                "median": median,
-                "min": min(rates),
-                "max": max(rates),
-                "iqr_pct": (quartiles[2] - quartiles[0]) / median * 100,
-                "cpu_share": statistics.median(s["cpu_s"] / s["elapsed_s"] / threads for s in samples),
-                "step_s": step_s,
-                "first_step_s": warmup[0] if warmup else None,
-                # warm-up time beyond what as many steady steps take: compile time for `compile`
-                "warmup_extra_s": sum(warmup) - len(warmup) * step_s,
-                "peak_rss_mib": max(s["peak_rss_mib"] for s in samples),
-            }
+        warmup = setup["warmup_step_s"]
+        extra_s = sum(warmup) - len(warmup) * step_s  # warm-up time beyond as many steady steps
+        r = h.row(
+            *common,
+            stats["median"],
+            unit(model),
+            None,
+            stock=variant == STOCK,
+            rates=rates,
+            rounds=[s["round"] for s in samples],
+            cpu_share=statistics.median(s["cpu_s"] / s["elapsed_s"] / setup["threads"] for s in samples),
+            iqr_pct=stats["iqr_pct"],
+            step_s=step_s,
+            first_step_s=warmup[0] if warmup else None,
+            warmup_extra_s=extra_s,
+            peak_rss_mib=max(s["peak_rss_mib"] for s in samples),
+            target_x_stock=TARGETS.get(model) if variant == PATCHED else None,
+            **result,
         )
         if variant == COMPILE:
-            result["compile_s"] = result["warmup_extra_s"]
-    stock = results.get(STOCK, {})
-    for variant, result in results.items():
-        result["target_x_stock"] = TARGETS.get(model) if variant == PATCHED else None
-        if result["status"] != "ok" or stock.get("status") != "ok":
-            continue
-        result["x_stock"] = result["median"] / stock["median"]
-        by_round = {s["round"]: r for s, r in zip(stock["samples"], stock["rates"], strict=True)}
-        result["x_stock_per_round"] = [
-            r / by_round[s["round"]]
-            for s, r in zip(result["samples"], result["rates"], strict=True)
-            if s["round"] in by_round
-        ]
-        if result["target_x_stock"] is not None:
-            result["met"] = result["x_stock"] >= result["target_x_stock"]
-    return results
+            r["compile_s"] = extra_s
+        rows.append(r)
+    stock = next((r for r in rows if r["stock"] and r["rate"] is not None), None)
+    h.ratios_to(rows, stock)
+    for r in rows:
+        if r.get("target_x_stock") is not None and r["ratio_to_stock"] is not None:
+            r["met"] = r["ratio_to_stock"] >= r["target_x_stock"]
+    return rows
 
 
 def ran_as(setup: dict[str, Any]) -> str:
     """A short account of what a variant's step really ran."""
     seen = setup["observed"]
     parts = [f"torch {setup['torch'].split('+')[0]}", f"{seen['compute_dtype'] or '?'} compute"]
+    parts.append(f"inside {h.inside(seen['probe'])}")
     if seen["conv_weight_channels_last"] is not None:
         parts.append("channels-last" if seen["conv_weight_channels_last"] else "NCHW")
     if seen["ipex_imported"]:
@@ -623,27 +628,20 @@ def ran_as(setup: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def notes_for(model_result: dict[str, Any]) -> list[str]:
-    ok = {v: r for v, r in model_result["variants"].items() if r["status"] == "ok"}
+def notes_for(rows: list[dict[str, Any]]) -> list[str]:
+    ok = {r["variant"]: r for r in rows if r["status"] == "ok"}
     notes = []
-    stock_code = [
-        v for v, r in ok.items() if "nanopatch" in r["setup"] and "training" not in r["setup"]["nanopatch"]["targets"]
-    ]
-    if stock_code:
-        notes.append(
-            f"{', '.join(f'`{v}`' for v in stock_code)}: this nanopatch has no training patch yet (status() lists "
-            "no `training` target), so the step ran stock code"
-        )
     for variant, result in ok.items():
-        state = result["setup"].get("nanopatch", {}).get("targets", {}).get("training", "patched")
-        if state != "patched":
+        state = result["setup"]["nanopatch"]["targets"].get("training") if "nanopatch" in result["setup"] else None
+        if "nanopatch" in result["setup"] and state != "patched":
             notes.append(f"`{variant}`: nanopatch's training target is {state}")
         if result["setup"]["observed"]["loss_dtype"] != "float32":
             notes.append(f"`{variant}`: the loss was computed in {result['setup']['observed']['loss_dtype']}")
-    busy = [f"`{v}` {r['cpu_share'] * 100:.0f}%" for v, r in ok.items() if r["cpu_share"] < 0.9]
+    busy = [f"`{v}` {r['cpu_share'] * 100:.0f}%" for v, r in ok.items() if h.suspect(r)]
     if busy:
         notes.append(
-            f"CPU below 90% ({', '.join(busy)}): other processes were taking the cores, so these rates are suspect"
+            f"CPU below {h.BUSY_CPU_SHARE:.0%} ({', '.join(busy)}): other processes were taking the cores, so these "
+            "rates are suspect"
         )
     return notes
 
@@ -654,13 +652,13 @@ def fmt(value: float) -> str:
 
 def print_markdown(report: dict[str, Any]) -> None:
     machine = report["machine"]
-    facts = machine["host_facts"]
+    facts = machine
     print("## Training step: stock against nanopatch\n")
     print(
         f"- CPU: {facts['model_name'] or machine['cpu']} ({facts['logical_cpus']} logical CPUs, "
         f"{facts['physical_cores']} physical cores allowed, usable {facts['usable_cores']}); flags: "
         f"{' '.join(facts['flags']) or '-'}; native bf16: {'yes' if facts['native_bf16'] else 'no'}, "
-        f"AMX: {'yes' if facts['amx'] else 'no'}; memory {machine['mem_total_gib']:.0f} GiB"
+        f"AMX: {'yes' if facts['amx'] else 'no'}; memory {machine['mem_total_gib'] or 0:.0f} GiB"
     )
     for python, info in report["interpreters"].items():
         print(
@@ -681,21 +679,23 @@ def print_markdown(report: dict[str, Any]) -> None:
             "| first step s | warm-up extra s | peak RSS MiB | ran as |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
-        for variant, row in result["variants"].items():
+        rows = [r for r in report["rows"] if r["group"] == model]
+        for row in rows:
+            variant = row["variant"]
             if row["status"] != "ok":
                 error = " ".join(row["error"].split()).replace("|", "/")
                 print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  |  | {error} |")
                 continue
             target = row["target_x_stock"]
-            per_round = row.get("x_stock_per_round") or []
+            per_round = row.get("ratio_per_round") or []
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round and variant != STOCK else ""
             cells = [
                 variant,
-                fmt(row["median"]),
-                f"{fmt(row['min'])}-{fmt(row['max'])}",
+                fmt(row["rate"]),
+                "-".join(fmt(x) for x in row["spread"]),
                 f"{row['iqr_pct']:.0f}%",
                 f"{row['cpu_share'] * 100:.0f}%",
-                f"{row['x_stock']:.2f}x" if "x_stock" in row else "",
+                f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",
                 spread,
                 f">={target:g}x" if target is not None else "",
                 ("yes" if row["met"] else "no") if "met" in row else "",
@@ -705,7 +705,7 @@ def print_markdown(report: dict[str, Any]) -> None:
                 ran_as(row["setup"]),
             ]
             print("| " + " | ".join(cells) + " |")
-        notes = notes_for(result)
+        notes = notes_for(rows)
         if notes:
             print()
             for note in notes:
@@ -722,53 +722,19 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(f"\nRun took {report['seconds']:.0f} s.")
 
 
-def machine_facts() -> dict[str, Any]:
-    from importlib.metadata import version
-
-    from nanopatch import cpu
-
-    mem_total = 0.0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_total = int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return {
-        "cpu": decode_bench.cpu_model(),
-        "host_facts": cpu.host_facts().as_dict(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "torchvision": version("torchvision"),
-        "mem_total_gib": mem_total,
-        "loadavg_start": decode_bench.load_average(),
-    }
-
-
-def interpreters(models: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def interpreters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per interpreter, what its workers reported about themselves (first report wins)."""
     out: dict[str, dict[str, Any]] = {}
     keys = ("python_version", "torch", "torchvision", "ipex", "threads", "interop_threads", "affinity")
-    for result in models.values():
-        for variant, row in result["variants"].items():
-            if "setup" not in row:
-                continue
-            setup = row["setup"]
-            entry = out.setdefault(setup["python"], {"variants": [], **{k: setup[k] for k in keys}})
-            entry["omp_num_threads_env"] = setup["omp_num_threads_env"]
-            if variant not in entry["variants"]:
-                entry["variants"].append(variant)
+    for row in rows:
+        if "setup" not in row:
+            continue
+        setup = row["setup"]
+        entry = out.setdefault(setup["python"], {"variants": [], **{k: setup[k] for k in keys}})
+        entry["omp_num_threads_env"] = setup["omp_num_threads_env"]
+        if row["variant"] not in entry["variants"]:
+            entry["variants"].append(row["variant"])
     return out
-
-
-def parse_list(text: str, known: tuple[str, ...], option: str, parser) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        shown = [k for k in known if k not in HIDDEN_MODELS]
-        parser.error(f"{option}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(shown)}")
-    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -804,20 +770,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main()
-    models = parse_list(args.models, MODELS + HIDDEN_MODELS, "--models", parser)
-    variants = parse_list(args.variants, VARIANTS, "--variants", parser)
+    models = h.parse_names(args.models, MODELS + HIDDEN_MODELS, "--models", parser, shown=MODELS)
+    variants = h.parse_names(args.variants, VARIANTS, "--variants", parser)
     for name, value in DEFAULTS[args.quick].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     if min(args.rounds, args.steps, args.warmup) < 1:
         parser.error("--rounds, --steps and --warmup must be >= 1")
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = h.log
     started = time.perf_counter()
     env = worker_env()
-    machine = machine_facts()
+    machine = h.machine_facts("intel-extension-for-pytorch")
     pythons = {v: sys.executable for v in variants if v not in IPEX_VARIANTS}
     skipped: dict[str, str] = {}
     notes = []
@@ -838,9 +802,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"`ipex` runs in {ipex_python} ({why}): its ratio to stock includes the difference between "
                     f"the two interpreters' torch ({share})."
                 )
-    results = {}
+    results, rows = {}, []
     for model in models:
-        results[model] = run_model(model, variants, pythons, skipped, args, env, log)
+        results[model], model_rows = run_model(model, variants, pythons, skipped, args, env, log)
+        rows += model_rows
     report = {
         "benchmark": "train_step",
         "argv": sys.argv[1:] if argv is None else list(argv),
@@ -851,9 +816,10 @@ def main(argv: list[str] | None = None) -> int:
         "compile_extra_warmup": COMPILE_EXTRA_WARMUP,
         "seed": SEED,
         "machine": machine,
-        "interpreters": interpreters(results),
+        "interpreters": interpreters(rows),
         "variant_options": {v: PATCH_OPTIONS[v] for v in variants},
         "models": results,
+        "rows": rows,
         "notes": notes,
         "seconds": time.perf_counter() - started,
     }

@@ -54,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: the data set and machine facts
 
+import _harness as h
 import decode as decode_bench
 
 SMALL, LARGE = decode_bench.SIZES  # (width, height): 500x375 and 2400x1800
@@ -73,7 +74,6 @@ STOCK, NANOPATCH, FAST, ALBU = "stock", "nanopatch", "nanopatch fast decode", "a
 VARIANTS = (STOCK, NANOPATCH, FAST, ALBU)
 PATCHED = (NANOPATCH, FAST)
 #: what nanopatch reads (if it knows the option) when patch_torch() has no fast_decode argument
-FAST_ENV = "NANOPATCH_FAST_DECODE"
 CLASS_DIR = "photo"  # the ImageFolder's one class
 #: (variant, pipeline, size) -> minimum ratio vs stock, from the issue. Printed, never asserted.
 TARGETS: dict[tuple[str, str, tuple[int, int]], float] = {
@@ -192,26 +192,12 @@ class PatchStates:
     (freshly applied at each switch, so an option read at patch time takes effect)."""
 
     def __init__(self) -> None:
-        import nanopatch
-
-        self.env_before = os.environ.get(FAST_ENV)
-        try:
-            nanopatch.patch_torch(training=False, fast_decode=False)
-            self.fast_option = True
-        except TypeError as exc:  # "unknown nanopatch option(s): fast_decode"
-            if "fast_decode" not in str(exc):
-                raise
-            self.fast_option = False
-        nanopatch.unpatch_torch()
         self.current: str | None = STOCK
 
     def how(self, variant: str) -> str:
         if variant not in PATCHED:
             return "nothing patched"
-        fast = variant == FAST
-        if self.fast_option:
-            return f"nanopatch.patch_torch(training=False, fast_decode={fast})"
-        return f"{FAST_ENV}={int(fast)}; nanopatch.patch_torch(training=False)"
+        return f"nanopatch.patch_torch(training=False, fast_decode={variant == FAST})"
 
     def enter(self, variant: str) -> None:
         if variant == self.current:
@@ -219,16 +205,8 @@ class PatchStates:
         import nanopatch
 
         nanopatch.unpatch_torch()
-        if self.env_before is None:
-            os.environ.pop(FAST_ENV, None)
-        else:
-            os.environ[FAST_ENV] = self.env_before
         if variant in PATCHED:
-            if self.fast_option:
-                nanopatch.patch_torch(training=False, fast_decode=variant == FAST)
-            else:
-                os.environ[FAST_ENV] = "1" if variant == FAST else "0"
-                nanopatch.patch_torch(training=False)
+            nanopatch.patch_torch(training=False, fast_decode=variant == FAST)
         self.current = variant
 
 
@@ -388,8 +366,7 @@ def measure(sets: dict, states: PatchStates, rounds: int, offset: int, sample_ti
             dataset[index]
         passes[f"{pipeline}|{size_name(size)}"] = max(1, round(sample_time / (time.perf_counter() - start)))
     for round_index in range(offset, offset + rounds):
-        shift = round_index % len(names)
-        order = names[shift:] + names[:shift]
+        order = h.rotated(names, round_index)
         for (pipeline, size), by_variant in sets.items():
             group = f"{pipeline}|{size_name(size)}"
             for name in order:
@@ -456,24 +433,19 @@ def worker(args: argparse.Namespace) -> int:
                 sets.setdefault((pipeline, size), {})[variant] = dataset
                 by_variant.setdefault(variant, {})[f"{pipeline} {size_name(size)}"] = dataset
     impls = {variant: implementation(variant, datasets, states) for variant, datasets in by_variant.items()}
-    if not states.fast_option:
-        notes.append(
-            f"patch_torch() has no fast_decode option in this nanopatch: '{FAST}' sets {FAST_ENV}=1 "
-            f"(and '{NANOPATCH}' {FAST_ENV}=0) around nanopatch.patch_torch(training=False) instead"
-        )
     if all(impls[v]["uses"] == "tv transforms, np loader" for v in PATCHED):
         notes.append(
             "nanopatch's transforms are not in this build: the nanopatch variants run torchvision's own "
             "transform classes and differ from stock only in the JPEG loader"
         )
     checks = verify(sets, {size: paths for size, (_, paths) in files.items()}, states)
-    load_before = decode_bench.load_average()
+    load_before = h.load_average()
     results, passes = measure(sets, states, args.rounds, args.worker_offset, args.sample_time)
     info = decode_bench.machine(args.cpu)
     info["albumentations"] = albu_version
     info["torch_threads"] = torch.get_num_threads()
     info["opencv_threads"] = cv2.getNumThreads()
-    info["loadavg"] = {"before": load_before, "after": decode_bench.load_average()}
+    info["loadavg"] = {"before": load_before, "after": h.load_average()}
     report = {"machine": info, "implementations": impls, "checks": checks, "notes": notes, "passes": passes}
     json.dump({**report, **results}, result_stream)
     return 0
@@ -508,55 +480,47 @@ def summarise(reports: list[dict], sizes: list[tuple[int, int]], pipelines: list
             for variant in variants:
                 key = f"{group}|{variant}"
                 samples = [x for r in reports for x in r[metric][key]]
-                value = median_of(reports, key, metric)
-                quartiles = statistics.quantiles(samples, n=4) if len(samples) > 1 else [value] * 3
-                x_albu = value / albu if albu is not None and variant in PATCHED else None
+                stats = h.spread(samples)
+                x_albu = stats["median"] / albu if albu is not None and variant in PATCHED else None
                 rows.append(
-                    {
-                        "pipeline": pipeline,
-                        "size": size_name(size),
-                        "variant": variant,
-                        "uses": reports[0]["implementations"][variant]["uses"],
-                        "clock": clock,
-                        "rate": value,
-                        "img_per_s": median_of(reports, key),
-                        "img_per_cpu_s": median_of(reports, key, "img_per_cpu_s"),
-                        "x_stock": value / stock,
-                        "x_stock_per_process": [
+                    h.row(
+                        "transforms",
+                        f"{pipeline} {size_name(size)}",
+                        variant,
+                        stats["median"],
+                        "img/s" if clock == "wall" else "img/CPU-s",
+                        stats["median"] / stock,
+                        stock=variant == STOCK,
+                        rates=samples,
+                        cpu_share=median_of(reports, key, "cpu_share"),
+                        pipeline=pipeline,
+                        size=size_name(size),
+                        uses=reports[0]["implementations"][variant]["uses"],
+                        clock=clock,
+                        img_per_s=median_of(reports, key),
+                        img_per_cpu_s=median_of(reports, key, "img_per_cpu_s"),
+                        x_stock_per_process=[
                             median_of([r], key, metric) / median_of([r], f"{group}|{STOCK}", metric) for r in reports
                         ],
-                        "iqr_pct": (quartiles[2] - quartiles[0]) / value * 100,
-                        "cpu_share": median_of(reports, key, "cpu_share"),
-                        "target_x_stock": TARGETS.get((variant, pipeline, size)),
-                        "x_albumentations": x_albu,
-                        "target_faster_than_albumentations": (variant, size) in BEAT_ALBU and x_albu is not None,
-                        "samples_img_per_s": [r["img_per_s"][key] for r in reports],
-                        "samples_img_per_cpu_s": [r["img_per_cpu_s"][key] for r in reports],
-                        "samples_cpu_share": [r["cpu_share"][key] for r in reports],
-                    }
+                        iqr_pct=stats["iqr_pct"],
+                        target_x_stock=TARGETS.get((variant, pipeline, size)),
+                        x_albumentations=x_albu,
+                        target_faster_than_albumentations=(variant, size) in BEAT_ALBU and x_albu is not None,
+                        samples_img_per_s=[r["img_per_s"][key] for r in reports],
+                        samples_img_per_cpu_s=[r["img_per_cpu_s"][key] for r in reports],
+                        samples_cpu_share=[r["cpu_share"][key] for r in reports],
+                    )
                 )
     return rows
 
 
 def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict], data: dict, elapsed: float) -> None:
     info = reports[0]["machine"]
-    print(f"CPU: {info['cpu']} ({info['cpus_available']} cpus; pinned to cpu {args.cpu}, 1 thread)")
-    print(f"Python {info['python']}, numpy {info['numpy']}, torch {info['torch']}, torchvision {info['torchvision']}")
-    print(
+    libraries = [
         f"Pillow {info['pillow']} (libjpeg_turbo {info['pillow_libjpeg_turbo_version']}), OpenCV {info['opencv']}, "
         f"albumentations {info['albumentations'] or '(not installed)'}, PyTurboJPEG {info['pyturbojpeg']}"
-    )
-    print(f"nanopatch {info['nanopatch']} (JPEG backend: {info['nanopatch_backend']})")
-    loads = ", ".join(r["machine"]["loadavg"]["before"].split()[0] for r in reports)
-    print(f"1-min load average before each process's timing: {loads}")
-    print()
-    for name, entry in data.items():
-        bpp = entry["bits_per_pixel"]
-        print(
-            f"data {name}: {entry['images']} JPEGs, q{entry['qualities'][0]}-{entry['qualities'][-1]}, 4:2:0, "
-            f"{statistics.mean(bpp):.2f} bits/pixel mean ({min(bpp):.2f}-{max(bpp):.2f}) in {entry['dir']}"
-        )
-    print()
+    ]
+    decode_bench.print_setup(args.cpu, reports, data, libraries)
     print("What each variant runs (class and function identity, checked in every process):")
     for variant, impl in reports[0]["implementations"].items():
         print(f"  {variant}: {impl['state']}")
@@ -583,14 +547,14 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             print()
         previous = (row["pipeline"], row["size"])
         target = row["target_x_stock"]
-        met = "" if target is None else ("yes" if row["x_stock"] >= target else "no")
+        met = "" if target is None else ("yes" if row["ratio_to_stock"] >= target else "no")
         spread = f"{min(row['x_stock_per_process']):.2f}-{max(row['x_stock_per_process']):.2f}"
         x_albu = "" if row["x_albumentations"] is None else f"{row['x_albumentations']:.2f}x"
         beat = row["target_faster_than_albumentations"]
         beat_met = "" if not beat else ("yes" if row["x_albumentations"] > 1 else "no")
         print(
             f"{row['pipeline']:<14}{row['size']:<11}{row['variant']:<23}{row['rate']:>10.1f}"
-            f"{row['iqr_pct']:>5.0f}%{row['cpu_share'] * 100:>5.0f}%{row['x_stock']:>8.2f}x{spread:>13}"
+            f"{row['iqr_pct']:>5.0f}%{row['cpu_share'] * 100:>5.0f}%{row['ratio_to_stock']:>8.2f}x{spread:>13}"
             f"{'' if target is None else f'>={target:g}x':>8}{met:>5}{x_albu:>8}{'>1x' if beat else '':>7}"
             f"{beat_met:>5}  {row['uses']}"
         )
@@ -606,7 +570,7 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
         "other processes were taking this core). x albu: ratio to albumentations."
     )
     shares = [row["cpu_share"] for row in rows]
-    if args.clock == "wall" and statistics.median(shares) < 0.9:
+    if args.clock == "wall" and statistics.median(shares) < h.BUSY_CPU_SHARE:
         print(
             f"Warning: other processes took this core (median CPU {statistics.median(shares) * 100:.0f}%): the "
             "wall-clock rates above are suspect; --clock cpu measures per CPU-second instead, which such sharing "
@@ -649,11 +613,8 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--processes", type=int, default=5, help="fresh measuring processes (default 5)")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds per process (default 4)")
-    parser.add_argument("--small", type=int, default=24, help="500x375 images (default 24)")
-    parser.add_argument("--large", type=int, default=6, help="2400x1800 images (default 6)")
-    parser.add_argument("--sample-time", type=float, default=0.25, help="seconds of stock per sample (default 0.25)")
+    data = Path.home() / ".cache" / "nanopatch-bench" / "transforms" / f"v{decode_bench.GENERATOR_VERSION}"
+    decode_bench.add_process_options(parser, processes=5, sample_time=0.25, data=data)
     parser.add_argument(
         "--pipelines",
         default=",".join(PIPELINES),
@@ -666,36 +627,16 @@ def main(argv: list[str] | None = None) -> int:
         help="wall: images per second of wall time (what a training job sees); cpu: per second of this "
         "process's CPU time, steadier when other processes share the core (default: %(default)s)",
     )
-    parser.add_argument("--quick", action="store_true", help="half the processes, rounds and images")
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path.home() / ".cache" / "nanopatch-bench" / "transforms" / f"v{decode_bench.GENERATOR_VERSION}",
-        help="where the generated ImageFolders live (made once, reused; default %(default)s)",
-    )
-    parser.add_argument("--cpu", type=int, help="the core to pin to (default: the idlest one at start)")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
-    parser.add_argument("--worker-offset", type=int, help=argparse.SUPPRESS)  # internal: one measuring process
     args = parser.parse_args(argv)
-    args.pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
-    unknown = sorted(set(args.pipelines) - set(PIPELINES))
-    if unknown or not args.pipelines:
-        parser.error(f"--pipelines: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(PIPELINES)}")
+    args.pipelines = h.parse_names(args.pipelines, PIPELINES, "--pipelines", parser)
     if args.worker_offset is not None:
         return worker(args)
-    if args.quick:
-        args.processes, args.rounds, args.small, args.large = (
-            max(1, n // 2) for n in (args.processes, args.rounds, args.small, args.large)
-        )
+    decode_bench.quick_and_core(args)
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+    log = h.log
     started = time.perf_counter()
     if importlib.util.find_spec("albumentations") is None:
         log("albumentations is not installed: running without the albumentations column")
-    if args.cpu is None:
-        args.cpu = decode_bench.idlest_cpu(os.sched_getaffinity(0))
     files = dataset_files(args.data, {SMALL: args.small, LARGE: args.large}, generate=True, log=log)
     reports = run_workers(args, log)
     rows = summarise(reports, list(files), args.pipelines, args.clock)
@@ -710,26 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for size, (root, paths) in files.items()
     }
-    if args.json:
-        report = {
-            "machine": reports[0]["machine"],
-            "pinned_cpu": args.cpu,
-            "clock": args.clock,
-            "processes": args.processes,
-            "rounds_per_process": args.rounds,
-            "passes_per_sample": reports[0]["passes"],
-            "loadavg_per_process": [r["machine"]["loadavg"] for r in reports],
-            "implementations": reports[0]["implementations"],
-            "checks": {key: [r["checks"][key] for r in reports] for key in reports[0]["checks"]},
-            "notes": reports[0]["notes"],
-            "data": data,
-            "results": rows,
-            "seconds": elapsed,
-        }
-        print(json.dumps(report, indent=2))
-        return 0
-    print_report(args, reports, rows, data, elapsed)
-    return 0
+    checks = {key: [r["checks"][key] for r in reports] for key in reports[0]["checks"]}
+    extra = {"implementations": reports[0]["implementations"], "checks": checks, "notes": reports[0]["notes"]}
+    return decode_bench.emit(args, reports, rows, data, elapsed, print_report, clock=args.clock, **extra)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ STEPS = 2
 
 
 def load_run_module():
+    if str(REPO_ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports _harness from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_run_fw", REPO_ROOT / "bench" / "run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -36,7 +38,7 @@ def load_run_module():
 
 
 def load_frameworks(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports multi_instance from its folder
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports _harness and multi_instance from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_frameworks", REPO_ROOT / "bench" / "frameworks.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
@@ -78,12 +80,12 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
         assert row["unit"] == ("samples/s" if row["group"] == "hf" else "img/s")
 
     stock = rows["stock"]
-    assert stock["group"] == "lightning" and stock["baseline"] == "stock" and stock["ratio"] == 1.0
+    assert stock["group"] == "lightning" and stock["stock"] and stock["ratio_to_stock"] == 1.0
     assert stock["details"]["inside"] == "fp32 / contiguous"  # stock never computes in bf16
     assert stock["details"]["strategy"] == "SingleDeviceStrategy" and stock["details"]["precision"] == "32-true"
     mixed = rows["nanopatch+bf16-mixed"]
     assert mixed["details"]["precision"] == "bf16-mixed" and mixed["details"]["inside"].startswith("bf16 /")
-    assert mixed["ratio"] == pytest.approx(mixed["rate"] / stock["rate"])
+    assert mixed["ratio_to_stock"] == pytest.approx(mixed["rate"] / stock["rate"])
     assert "ratio_to_bf16_mixed" not in mixed  # no bf16-mixed row in this run
 
     nproc = rows["nproc2"]["details"]
@@ -96,19 +98,22 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert nano["strategy"] == "PinnedDDPStrategy" and nano["inside"] == rows["nproc2"]["details"]["inside"]
     assert nano["ranks_in_sync"] and nano["ranks_saw_different_data"]
     ddp = rows["ddp-stock"]
-    assert ddp["group"] == "lightning-ddp" and ddp["baseline"] == "ddp-stock" and ddp["ratio"] == 1.0
+    assert ddp["group"] == "lightning-ddp" and ddp["stock"] and ddp["ratio_to_stock"] == 1.0
     assert ddp["details"]["strategy"] == "DDPStrategy" and ddp["details"]["world_size"] == [2, 2]
     assert ddp["details"]["ranks_in_sync"] and ddp["details"]["ranks_saw_different_data"]
 
     hf = rows["hf-stock"]["details"]
-    assert rows["hf-stock"]["ratio"] == 1.0 and hf["inside"] == "fp32 / n/a" and "Linear" in hf["probe"]["layer"]
+    assert (
+        rows["hf-stock"]["ratio_to_stock"] == 1.0 and hf["inside"] == "fp32 / n/a" and "Linear" in hf["probe"]["layer"]
+    )
     assert hf["framework"].startswith("transformers ")
     timm = rows["timm-nanopatch"]
-    assert timm["ratio"] is None and timm["details"]["framework"].startswith("timm ")
+    assert timm["ratio_to_stock"] is None and timm["details"]["framework"].startswith("timm ")
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
 
     # what bench/run.py makes of it: the group prefix goes, so the groups share columns
-    adapted = load_run_module().adapt_frameworks(report)
+    run = load_run_module()
+    adapted = run.rows_of(run.BENCHES["frameworks"], report)
     assert [(r["group"], r["variant"], r["stock"]) for r in adapted] == [
         ("lightning", "stock", True),
         ("lightning", "nanopatch+bf16-mixed", False),
@@ -198,17 +203,17 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     args = argparse.Namespace(steps=2, warmup=1, tiny=True, **{k: 1 for k in fw.TINY if k != "tiny"})
     rows = {r["variant"]: r for r in fw.summarise(list(seconds), runs, args, cores=2)}
 
-    assert rows["nanopatch"]["ratio"] == pytest.approx(2.5)
+    assert rows["nanopatch"]["ratio_to_stock"] == pytest.approx(2.5)
     assert rows["nanopatch"]["ratio_to_bf16_mixed"] == pytest.approx(1.25)
     assert [(t["against"], t["met"]) for t in rows["nanopatch"]["targets"]] == [("stock", True), ("bf16-mixed", True)]
-    assert rows["nproc2"]["rate"] == pytest.approx(32) and rows["nproc2"]["ratio"] == pytest.approx(4)
+    assert rows["nproc2"]["rate"] == pytest.approx(32) and rows["nproc2"]["ratio_to_stock"] == pytest.approx(4)
     nano_targets = [(t["against"], t["met"]) for t in rows["nano-trainer"]["targets"]]
     assert nano_targets == [("stock", True), ("bf16-mixed", True)]
     assert [(t["against"], t["met"]) for t in rows["nano-trainer-2"]["targets"]] == [("nano-trainer", True)]
-    assert rows["ddp-nanopatch"]["ratio"] == pytest.approx(0.8)
+    assert rows["ddp-nanopatch"]["ratio_to_stock"] == pytest.approx(0.8)
     assert [(t["against"], t["met"]) for t in rows["ddp-nanopatch"]["targets"]] == [("ddp-stock", False)]
     assert rows["hf-nanopatch"]["targets"][0]["met"] is False
-    assert rows["timm-nanopatch"]["targets"][0]["met"] is True and rows["timm-nanopatch"]["ratio"] == 2.0
+    assert rows["timm-nanopatch"]["targets"][0]["met"] is True and rows["timm-nanopatch"]["ratio_to_stock"] == 2.0
     assert all("ratio_to_bf16_mixed" not in rows[n] for n in ("ddp-stock", "hf-stock", "timm-stock"))
 
     assert rows["stock"]["details"]["problems"] == ["nanopatch was imported"]

@@ -1,6 +1,7 @@
-"""bench/run.py without running a real benchmark: the adapters on samples of each bench's JSON
-(from real --quick runs, trimmed), the Markdown and README tables, the charts, and a run of tiny
-fake benches (one failing, one too slow, one missing) through an injected registry."""
+"""bench/run.py without running a real benchmark: the rows it reads (the one schema of
+bench/_harness.py, as each bench writes them), the Markdown and README tables, the charts, and a
+run of tiny fake benches (one failing, one too slow, one missing) through an injected registry.
+Also the benches' own row builders on made-up samples. Nothing asserts on a timing."""
 
 from __future__ import annotations
 
@@ -14,103 +15,75 @@ import pytest
 
 from conftest import REPO_ROOT
 
+BENCH = REPO_ROOT / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))  # the benches import _harness from their folder
 
-def load_bench_run():
-    path = REPO_ROOT / "bench" / "run.py"
-    spec = importlib.util.spec_from_file_location("nanopatch_bench_run", path)
+import _harness as h  # noqa: E402
+
+
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"nanopatch_bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-run = load_bench_run()
+run = load_bench("run")
 
-# --- samples of each bench's JSON (real --quick runs on the 2-core EPYC, trimmed) ---------------
+# --- samples of each bench's rows (real --quick runs on the 2-core EPYC, trimmed) ---------------
+
+
+def rows(bench, unit, table, *, stock, **common):
+    """Rows from (group, variant, rate, ratio[, cpu_share]) tuples."""
+    out = []
+    for group, variant, rate, ratio, *cpu in table:
+        extra = {"cpu_share": cpu[0]} if cpu else {}
+        out.append(h.row(bench, group, variant, rate, unit, ratio, stock=variant == stock, **common, **extra))
+    return out
+
 
 DECODE = {
     "machine": {"cpu": "AMD EPYC", "cpus_available": 2, "torch": "2.13.0+cu130", "nanopatch": "0.1.0"},
     "processes": 3,
-    "rounds_per_process": 2,
-    "results": [
-        {
-            "variant": "stock loader",
-            "size": "500x375",
-            "img_per_s": 972.289,
-            "x_stock": 1.0,
-            "cpu_share": 0.99,
-            "iqr_pct": 5.1,
-        },
-        {
-            "variant": "nanopatch loader",
-            "size": "500x375",
-            "img_per_s": 1121.944,
-            "x_stock": 1.153920,
-            "cpu_share": 0.99,
-            "iqr_pct": 4.0,
-        },
-        {
-            "variant": "PyTurboJPEG decode",
-            "size": "500x375",
-            "img_per_s": 1332.414,
-            "x_stock": 1.370389,
-            "cpu_share": 0.99,
-        },
-        {
-            "variant": "nanopatch DCT-scaled (min 224)",
-            "size": "500x375",
-            "img_per_s": 1208.200,
-            "x_stock": 1.242635,
-            "cpu_share": 0.99,
-        },
-        {"variant": "stock loader", "size": "2400x1800", "img_per_s": 50.8527, "x_stock": 1.0, "cpu_share": 0.99},
-        {
-            "variant": "nanopatch loader",
-            "size": "2400x1800",
-            "img_per_s": 59.6108,
-            "x_stock": 1.172226,
-            "cpu_share": 0.99,
-        },
-        {
-            "variant": "PyTurboJPEG decode",
-            "size": "2400x1800",
-            "img_per_s": 67.5889,
-            "x_stock": 1.329112,
-            "cpu_share": 0.99,
-        },
-        {
-            "variant": "nanopatch DCT-scaled (min 224)",
-            "size": "2400x1800",
-            "img_per_s": 102.8446,
-            "x_stock": 2.022402,
-            "cpu_share": 0.99,
-        },
-    ],
-    "seconds": 44.1,
+    "rows": rows(
+        "decode",
+        "img/s",
+        [
+            ("500x375", "stock loader", 972.289, 1.0),
+            ("500x375", "nanopatch loader", 1121.944, 1.153920),
+            ("500x375", "PyTurboJPEG decode", 1332.414, 1.370389),
+            ("500x375", "nanopatch DCT-scaled (min 224)", 1208.200, 1.242635),
+            ("2400x1800", "stock loader", 50.8527, 1.0),
+            ("2400x1800", "nanopatch loader", 59.6108, 1.172226),
+            ("2400x1800", "PyTurboJPEG decode", 67.5889, 1.329112),
+            ("2400x1800", "nanopatch DCT-scaled (min 224)", 102.8446, 2.022402),
+        ],
+        stock="stock loader",
+        cpu_share=0.99,
+        iqr_pct=5.0,
+    ),
 }
 
 TRANSFORMS = {
-    "machine": {"cpu": "AMD EPYC", "cpus_available": 2},
     "clock": "wall",
-    "notes": [],
-    "results": [
-        {"pipeline": "train", "size": "500x375", "variant": "stock", "clock": "wall", "rate": 398.9308, "x_stock": 1.0,
-         "cpu_share": 0.76},
-        {"pipeline": "train", "size": "500x375", "variant": "nanopatch", "clock": "wall", "rate": 515.6146,
-         "x_stock": 1.292491},
-        {"pipeline": "train", "size": "500x375", "variant": "nanopatch fast decode", "clock": "wall",
-         "rate": 547.2045, "x_stock": 1.371678},
-        {"pipeline": "train", "size": "500x375", "variant": "albumentations", "clock": "wall", "rate": 777.9492,
-         "x_stock": 1.950086},
-        {"pipeline": "val", "size": "2400x1800", "variant": "stock", "clock": "wall", "rate": 23.98826, "x_stock": 1.0},
-        {"pipeline": "val", "size": "2400x1800", "variant": "nanopatch", "clock": "wall", "rate": 48.84289,
-         "x_stock": 2.036117},
-        {"pipeline": "val", "size": "2400x1800", "variant": "nanopatch fast decode", "clock": "wall",
-         "rate": 67.5739, "x_stock": 2.816958},
-        {"pipeline": "val", "size": "2400x1800", "variant": "albumentations", "clock": "wall", "rate": 52.16633,
-         "x_stock": 2.174661},
-    ],
-}  # fmt: skip
+    "rows": rows(
+        "transforms",
+        "img/s",
+        [
+            ("train 500x375", "stock", 398.9308, 1.0, 0.76),
+            ("train 500x375", "nanopatch", 515.6146, 1.292491),
+            ("train 500x375", "nanopatch fast decode", 547.2045, 1.371678),
+            ("train 500x375", "albumentations", 777.9492, 1.950086),
+            ("val 2400x1800", "stock", 23.98826, 1.0),
+            ("val 2400x1800", "nanopatch", 48.84289, 2.036117),
+            ("val 2400x1800", "nanopatch fast decode", 67.5739, 2.816958),
+            ("val 2400x1800", "albumentations", 52.16633, 2.174661),
+        ],
+        stock="stock",
+    ),
+}
 
 IPEX_SKIPPED = (
     "skipped: /work/venv/bin/python: intel-extension-for-pytorch is not installed; give an interpreter that has "
@@ -119,135 +92,135 @@ IPEX_SKIPPED = (
 
 TRAIN_STEP = {
     "benchmark": "train_step",
-    "quick": True,
-    "rounds": 3,
-    "machine": {"cpu": "AMD EPYC", "torch": "2.13.0"},
-    "models": {
-        "resnet18": {
-            "unit": "img/s",
-            "variants": {
-                "stock": {
-                    "status": "ok",
-                    "median": 38.83405,
-                    "x_stock": 1.0,
-                    "cpu_share": 0.98,
-                    "target_x_stock": None,
-                },
-                "patched": {"status": "ok", "median": 58.90236, "x_stock": 1.516771, "target_x_stock": 2.5},
-                "compile": {
-                    "status": "ok",
-                    "median": 70.64674,
-                    "x_stock": 1.819196,
-                    "cpu_share": 0.51,
-                    "compile_s": 5.8,
-                },
-                "ipex": {"status": "skipped", "error": IPEX_SKIPPED, "samples": [], "target_x_stock": None},
-            },
-        },
-        "transformer": {
-            "unit": "tokens/s",
-            "variants": {
-                "stock": {"status": "ok", "median": 1650.2, "x_stock": 1.0},
-                "patched": {"status": "failed", "error": "worker exited with code -9 (killed)\n", "samples": []},
-            },
-        },
-    },
-    "notes": [],
-}
-
-IMPORT_COST = {
-    "rounds": 3,
-    "median_s": {"import torch": 2.674474, "import torch, nanopatch": 2.519149, "... + patch_torch()": 2.504686},
-    "samples_s": {"import torch": [2.674474, 2.662333, 2.697959]},
-}
-
-MULTI_INSTANCE = {
-    "machine": {"cpu": "AMD EPYC"},
     "rows": [
-        {"group": "resnet18", "variant": "stock, 1 process", "rate": 14.2, "unit": "img/s", "ratio": None,
-         "baseline": "stock, 1 process"},
-        {"group": "resnet18", "variant": "nanopatch, 2 instances", "rate": 35.5, "unit": "img/s", "ratio": 2.5,
-         "baseline": "stock, 1 process"},
+        *rows(
+            "train_step",
+            "img/s",
+            [
+                ("resnet18", "stock", 38.83405, 1.0, 0.98),
+                ("resnet18", "patched", 58.90236, 1.516771),
+                ("resnet18", "compile", 70.64674, 1.819196, 0.51),
+            ],
+            stock="stock",
+            status="ok",
+        ),
+        h.row("train_step", "resnet18", "ipex", None, "img/s", None, note=IPEX_SKIPPED, status="skipped"),
+        h.row("train_step", "transformer", "stock", 1650.2, "tokens/s", 1.0, stock=True, status="ok"),
+        h.row("train_step", "transformer", "patched", None, "tokens/s", None, status="failed",
+              error="worker exited with code -9 (killed)\n"),
     ],
 }  # fmt: skip
 
-ROW_KEYS = {"bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock"}
-MEASURED_KEYS = ROW_KEYS | {"cpu_share"}
+IMPORT_COST_S = {
+    "import torch": [2.674474, 2.662333, 2.697959],
+    "import torch, nanopatch": [2.519149],
+    "import torch, nanopatch + patch_torch()": [2.504686],
+}
+
+MULTI_INSTANCE = {
+    "rows": rows(
+        "multi_instance",
+        "img/s",
+        [("resnet18", "stock", 14.2, None), ("resnet18", "patched, --nproc 2", 35.5, 2.5)],
+        stock="stock",
+        details={"cpu_use": 0.9},
+    )
+}
+
+ROW_KEYS = {"bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread"}
 
 
 def by_key(rows):
     return {(r["group"], r["variant"]): r for r in rows}
 
 
-def test_adapt_decode():
-    rows = run.adapt_decode(DECODE)
-    assert len(rows) == 8 and all(set(r) == MEASURED_KEYS for r in rows)
-    assert {r["bench"] for r in rows} == {"decode"} and {r["unit"] for r in rows} == {"img/s"}
-    cells = by_key(rows)
+def test_rows_of_keeps_the_common_keys():
+    decoded = run.rows_of(run.BENCHES["decode"], DECODE)
+    assert len(decoded) == 8 and all(set(r) == ROW_KEYS | {"cpu_share"} for r in decoded)
+    cells = by_key(decoded)
     stock = cells[("500x375", "stock loader")]
     assert stock["stock"] and stock["ratio_to_stock"] == 1.0 and stock["rate"] == pytest.approx(972.289)
-    loader = cells[("2400x1800", "nanopatch loader")]
-    assert not loader["stock"] and loader["ratio_to_stock"] == pytest.approx(1.172226)
-    assert [r["group"] for r in rows if r["stock"]] == ["500x375", "2400x1800"]
+    assert [r["group"] for r in decoded if r["stock"]] == ["500x375", "2400x1800"]
+    multi = run.rows_of(run.BENCHES["multi_instance"], MULTI_INSTANCE)
+    assert all("details" not in r for r in multi)  # the bench's own details stay in its raw JSON
+    assert multi[0]["stock"] and multi[0]["ratio_to_stock"] == 1.0 and multi[1]["ratio_to_stock"] == 2.5
 
 
-def test_adapt_transforms():
-    rows = run.adapt_transforms(TRANSFORMS)
-    assert len(rows) == 8 and all(set(r) in (ROW_KEYS, MEASURED_KEYS) for r in rows)
-    cells = by_key(rows)
-    assert cells[("train 500x375", "stock")]["cpu_share"] == 0.76 and run.suspect(cells[("train 500x375", "stock")])
-    assert cells[("train 500x375", "stock")]["stock"] and cells[("train 500x375", "stock")]["ratio_to_stock"] == 1.0
-    fast = cells[("val 2400x1800", "nanopatch fast decode")]
-    assert fast["rate"] == pytest.approx(67.5739) and fast["ratio_to_stock"] == pytest.approx(2.816958)
-    assert fast["unit"] == "img/s"
-    cpu_clock = {**TRANSFORMS, "results": [{**r, "clock": "cpu"} for r in TRANSFORMS["results"]]}
-    assert {r["unit"] for r in run.adapt_transforms(cpu_clock)} == {"img/CPU-s"}
-
-
-def test_adapt_train_step():
-    rows = run.adapt_train_step(TRAIN_STEP)
-    cells = by_key(rows)
-    assert len(rows) == 6
-    assert cells[("resnet18", "stock")]["stock"] and cells[("resnet18", "stock")]["ratio_to_stock"] == 1.0
-    assert cells[("resnet18", "patched")]["ratio_to_stock"] == pytest.approx(1.516771)
-    assert cells[("resnet18", "compile")]["rate"] == pytest.approx(70.64674)
-    assert run.suspect(cells[("resnet18", "compile")]) and not run.suspect(cells[("resnet18", "stock")])
+def test_rows_of_notes_what_did_not_run():
+    cells = by_key(run.rows_of(run.BENCHES["train_step"], TRAIN_STEP))
     ipex = cells[("resnet18", "ipex")]
     assert ipex["rate"] is None and ipex["ratio_to_stock"] is None and not ipex["stock"]
     assert ipex["note"].startswith("skipped: ") and "--ipex-python" in ipex["note"]
-    assert cells[("transformer", "stock")]["unit"] == "tokens/s"
     failed = cells[("transformer", "patched")]
     assert failed["rate"] is None and failed["note"] == "worker exited with code -9 (killed)"
+    assert h.suspect(cells[("resnet18", "compile")]) and not h.suspect(cells[("resnet18", "stock")])
 
 
-def test_adapt_import_cost():
-    rows = run.adapt_import_cost(IMPORT_COST)
-    assert [r["variant"] for r in rows] == [
-        "import torch",
-        "import torch, nanopatch",
-        "import torch, nanopatch + patch_torch()",
+def test_frameworks_rows_lose_their_group_prefix():
+    table = [("hf", "hf-stock", 50.0, 1.0), ("hf", "hf-nanopatch", 100.0, 2.0), ("lightning", "nproc2", 60.0, 2.2)]
+    raw = {"rows": rows("frameworks", "samples/s", table, stock="hf-stock")}
+    shown = run.rows_of(run.BENCHES["frameworks"], raw)
+    assert [(r["group"], r["variant"], r["stock"]) for r in shown] == [
+        ("hf", "stock", True),
+        ("hf", "nanopatch", False),
+        ("lightning", "nproc2", False),
     ]
-    assert all(set(r) == ROW_KEYS and r["group"] == "start-up" and r["unit"] == "ms" for r in rows)
-    stock, imported, patched = rows
+
+
+def test_suspect_rows():
+    assert h.suspect(h.row("b", "g", "v", 1.0, "x", 1.0, cpu_share=0.5))
+    assert h.suspect(h.row("b", "g", "v", 1.0, "x", 1.0, other_load=0.2))
+    assert h.suspect(h.row("b", "g", "v", 1.0, "x", 1.0, noisy=True))
+    assert not h.suspect(h.row("b", "g", "v", 1.0, "x", 1.0, cpu_share=0.95, other_load=0.01))
+
+
+def test_spread_and_rotation():
+    assert h.spread([1.0, 2.0, 3.0, 4.0, 5.0])["median"] == 3.0
+    assert h.spread([2.0])["iqr_pct"] == 0.0
+    assert [h.rotated(["a", "b", "c"], i) for i in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+    assert h.per_round([2.0, 4.0], [0, 1], [1.0, 2.0, 9.0], [0, 1, 2]) == [2.0, 2.0]
+
+
+def test_import_cost_rows():
+    ic = load_bench("import_cost")
+    table = ic.rows(IMPORT_COST_S)
+    assert [r["variant"] for r in table] == list(IMPORT_COST_S)
+    assert all(r["group"] == "start-up" and r["unit"] == "ms" for r in table)
+    stock, imported, patched = table
     assert stock["stock"] and stock["ratio_to_stock"] == 1.0 and stock["rate"] == pytest.approx(2674.474)
     # a speed-up like every other ratio: stock's time over the variant's
     assert imported["ratio_to_stock"] == pytest.approx(2.674474 / 2.519149)
     assert patched["rate"] == pytest.approx(2504.686)
+    assert not any(h.suspect(r) for r in table)
 
 
-def test_adapt_import_cost_flags_noise():
-    noisy = {**IMPORT_COST, "samples_s": {"import torch": [4.287, 2.260, 2.270, 3.972, 4.950]}}
-    stock, imported, _ = run.adapt_import_cost(noisy)
-    assert run.suspect(stock) and stock["note"].startswith("\u2020 samples 2260-4950 ms over 5 rounds")
-    assert not run.suspect(imported) and "note" not in imported
+def test_import_cost_rows_flag_noise():
+    ic = load_bench("import_cost")
+    stock, imported, _ = ic.rows({**IMPORT_COST_S, "import torch": [4.287, 2.260, 2.270, 3.972, 4.950]})
+    assert h.suspect(stock) and stock["note"].startswith("\u2020 samples 2260-4950 ms over 5 rounds")
+    assert not h.suspect(imported) and "note" not in imported
 
 
-def test_adapt_multi_instance():
-    rows = run.adapt_multi_instance(MULTI_INSTANCE)
-    base, multi = rows
-    assert base["stock"] and base["ratio_to_stock"] == 1.0 and base["variant"] == "stock, 1 process"
-    assert not multi["stock"] and multi["ratio_to_stock"] == 2.5 and multi["rate"] == 35.5
-    assert base["bench"] == "multi_instance" and base["group"] == "resnet18" and base["unit"] == "img/s"
+def test_decode_and_transforms_rows():
+    decode = load_bench("decode")
+    sizes = {(500, 375): ["a.jpg", "b.jpg"]}
+    same = {"500x375": {"pixels": "= stock"}}
+    outputs = {"stock loader": same, "nanopatch loader": same}
+    report = {
+        "outputs": outputs,
+        "img_per_s": {"stock loader|500x375": [100.0, 110.0], "nanopatch loader|500x375": [200.0, 220.0]},
+        "cpu_share": {"stock loader|500x375": [0.99, 0.98], "nanopatch loader|500x375": [0.97, 0.99]},
+        "faults": {"stock loader|500x375": [10, 10], "nanopatch loader|500x375": [1, 1]},
+    }
+    stock, loader = decode.summarise([report, report], sizes)
+    assert stock["stock"] and stock["group"] == "500x375" and stock["rate"] == pytest.approx(105.0)
+    assert loader["ratio_to_stock"] == pytest.approx(2.0) and loader["spread"] == [200.0, 220.0]
+    assert loader["x_stock_per_process"] == [pytest.approx(2.0)] * 2 and loader["output"]["pixels"] == "= stock"
 
 
 def test_bench_command_lines(tmp_path):
@@ -289,14 +262,14 @@ def fake_facts():
             "platform": "Linux-6.18-x86_64",
         },
         "versions": {"python": "3.11.7", "torch": "2.13.0", "torchvision": "0.28.0", "nanopatch": "0.1.0"},
-        "nanopatch_info": None,
+        "git": {"commit": "0" * 40, "dirty": False},
     }
 
 
 def sample_results():
     benches = {}
     for name, raw in (("decode", DECODE), ("transforms", TRANSFORMS), ("train_step", TRAIN_STEP)):
-        benches[name] = {"status": "ok", "raw": raw, "rows": run.BENCHES[name].adapt(raw), "seconds": 45.0}
+        benches[name] = {"status": "ok", "raw": raw, "rows": run.rows_of(run.BENCHES[name], raw), "seconds": 45.0}
     benches["import_cost"] = {
         "status": "failed",
         "error": "exited with code 1",
@@ -363,8 +336,9 @@ def test_readme_table():
 
 
 def test_readme_import_cost_shows_the_difference():
-    raw = IMPORT_COST
-    results = {**sample_results(), "benches": {"import_cost": {"status": "ok", "rows": run.adapt_import_cost(raw)}}}
+    raw = {"rows": load_bench("import_cost").rows(IMPORT_COST_S)}
+    entry = {"status": "ok", "rows": run.rows_of(run.BENCHES["import_cost"], raw)}
+    results = {**sample_results(), "benches": {"import_cost": entry}}
     lines = run.readme_table(results, run.BENCHES).splitlines()
     assert (
         "| import_cost | start-up | 2674 ms | import nanopatch -155 ms (1.06x), + patch_torch() -170 ms (1.07x) |"
@@ -402,19 +376,6 @@ def test_render_command_prints_readme(tmp_path, capsys):
     assert json.loads(path.read_text()) == sample_results()  # rows up to date: the file is left alone
 
 
-def test_render_normalises_the_raw_json_again(tmp_path):
-    stale = sample_results()
-    stale["benches"]["decode"]["rows"] = stale["benches"]["decode"]["rows"][:1]  # as an older adapter left it
-    stale["rows"] = []
-    path = tmp_path / "2026-11-22-testhost.json"
-    path.write_text(json.dumps(stale))
-    assert run.main(["--render", str(path)]) == 0
-    again = json.loads(path.read_text())
-    assert again == {**sample_results(), "rows": again["rows"]} and len(again["benches"]["decode"]["rows"]) == 8
-    assert len(again["rows"]) == 8 + 8 + 6
-    assert "| 2400x1800 | img/s | 50.9 |" in (tmp_path / "2026-11-22-testhost.md").read_text()
-
-
 def test_results_stem_never_overwrites(tmp_path):
     import datetime as dt
 
@@ -435,34 +396,45 @@ def fake_bench(tmp_path: Path, name: str, code: str, *, json_to: str = "stdout",
     def args(options, json_path):
         return [*(["--quick"] if options.quick else []), *(["--json", str(json_path)] if json_to == "file" else [])]
 
-    def adapt(raw):
-        return [
-            run.row(name, "tiny", "stock", raw["stock"], "img/s", None, stock=True),
-            run.row(name, "tiny", "patched", raw["patched"], "img/s", raw["patched"] / raw["stock"]),
-        ]
-
-    return run.Bench(name=name, script=script, title=f"fake {name}", group_label="model", args=args, adapt=adapt,
+    return run.Bench(name=name, script=script, title=f"fake {name}", group_label="model", args=args,
                      json_to=json_to)  # fmt: skip
 
 
-GOOD = """
+#: what a fake bench's rows look like: stock and patched of group "tiny", in the schema
+ROWS = """
+    def rows(stock, patched):
+        common = {"group": "tiny", "unit": "img/s", "spread": []}
+        return [
+            {"bench": "fake", "variant": "stock", "rate": stock, "ratio_to_stock": 1.0, "stock": True, **common},
+            {"bench": "fake", "variant": "patched", "rate": patched, "ratio_to_stock": patched / stock,
+             "stock": False, **common},
+        ]
+"""
+
+GOOD = (
+    ROWS
+    + """
     import json, sys
     print("warming up", file=sys.stderr)
-    print(json.dumps({"stock": 10.0, "patched": 25.0, "argv": sys.argv[1:]}))
+    print(json.dumps({"rows": rows(10.0, 25.0), "argv": sys.argv[1:]}))
 """
+)
 BAD = """
     import sys
     print("step 1 fine", file=sys.stderr)
     print("something broke in the fake bench", file=sys.stderr)
     sys.exit(3)
 """
-TO_FILE = """
+TO_FILE = (
+    ROWS
+    + """
     import json, sys
     path = sys.argv[sys.argv.index("--json") + 1]
     print("| a table for people |")
     with open(path, "w") as f:
-        json.dump({"stock": 4.0, "patched": 6.0}, f)
+        json.dump({"rows": rows(4.0, 6.0)}, f)
 """
+)
 NO_JSON = """
     print("a table, but no JSON")
 """
@@ -474,7 +446,7 @@ SLOW = """
 
 @pytest.fixture
 def quick_facts(monkeypatch):
-    monkeypatch.setattr(run, "machine_facts", lambda env=None: fake_facts())
+    monkeypatch.setattr(run, "machine_facts", fake_facts)
 
 
 def test_failing_bench_is_recorded_and_the_others_go_on(tmp_path, quick_facts, capsys):
@@ -511,7 +483,7 @@ def test_failing_bench_is_recorded_and_the_others_go_on(tmp_path, quick_facts, c
     assert good["status"] == "ok" and good["raw"]["argv"] == ["--quick"]
     assert [(r["variant"], r["ratio_to_stock"]) for r in good["rows"]] == [("stock", 1.0), ("patched", 2.5)]
     log = (out / good["log"]).read_text()
-    assert "warming up" in log and '"patched": 25.0' in log  # stderr and stdout both kept
+    assert "warming up" in log and '"rate": 25.0' in log  # stderr and stdout both kept
 
     assert benches["to_file"]["status"] == "ok" and benches["to_file"]["rows"][1]["rate"] == 6.0
     assert "| a table for people |" in (out / benches["to_file"]["log"]).read_text()
@@ -551,3 +523,11 @@ def test_timeout_stops_the_bench(tmp_path, quick_facts):
     assert benches["slow"]["status"] == "failed" and benches["slow"]["error"].startswith("timed out after")
     assert benches["slow"]["seconds"] < 30
     assert benches["good"]["status"] == "ok"
+
+
+def test_machine_facts_from_the_harness():
+    facts = run.machine_facts()
+    machine, versions = facts["machine"], facts["versions"]
+    assert machine["cpu_model"] and machine["logical_cpus"] >= 1 and isinstance(machine["flags"], list)
+    assert versions["torch"] and versions["nanopatch"] and "opencv-python" not in versions
+    assert set(facts["git"]) >= {"commit", "dirty"}

@@ -30,35 +30,50 @@ def test_quick_tiny_run_writes_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["benchmark"] == "train_step" and report["quick"] and report["rounds"] == 1
     machine = report["machine"]
-    assert machine["torch"] and machine["host_facts"]["model_name"] is not None
-    assert isinstance(machine["host_facts"]["flags"], list)
+    assert machine["torch"] and machine["model_name"] is not None and machine["git"]["commit"]
+    assert isinstance(machine["flags"], list)
     assert report["variant_options"] == {"stock": None, "by-hand": None, "patched": {}}
 
     model = report["models"]["tiny"]
     assert model["unit"] == "img/s" and model["shape"]["image_batch"] == 8
     assert [r["order"] for r in model["rounds"]] == [["stock", "by-hand", "patched"]]
-    stock, patched = model["variants"]["stock"], model["variants"]["patched"]
-    for row in (stock, patched):
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert list(rows) == ["stock", "by-hand", "patched"]
+    stock, by_hand, patched = rows["stock"], rows["by-hand"], rows["patched"]
+    for row in rows.values():
         assert row["status"] == "ok", row.get("error")
-        assert len(row["samples"]) == len(row["rates"]) == 1
-        assert row["median"] > 0 and row["samples"][0]["elapsed_s"] > 0
+        assert row["bench"] == "train_step" and row["group"] == "tiny" and row["unit"] == "img/s"
+        assert len(row["samples"]) == len(row["rates"]) == 1 and row["spread"] == [row["rate"], row["rate"]]
+        assert row["rate"] > 0 and row["samples"][0]["elapsed_s"] > 0
         setup = row["setup"]
         assert setup["threads"] >= 1 and setup["torch"] and setup["samples_per_step"] == 8
-        assert setup["observed"]["output_dtype"] == "float32"
-    assert stock["setup"]["nanopatch_imported"] is False and "nanopatch" not in stock["setup"]
-    assert patched["setup"]["nanopatch_imported"] is True
-    assert patched["setup"]["nanopatch"]["patch_torch"] == {}
-    assert stock["x_stock"] == 1.0
-    assert patched["x_stock"] == patched["median"] / stock["median"]
-    assert len(patched["x_stock_per_round"]) == 1
+        assert setup["observed"]["loss_dtype"] == "float32"  # cross-entropy runs in fp32 under CPU autocast
+    # nanopatch casts the model's outputs back to fp32; by-hand autocast leaves them in bf16
+    assert stock["setup"]["observed"]["output_dtype"] == patched["setup"]["observed"]["output_dtype"] == "float32"
+    assert stock["stock"] and not patched["stock"] and stock["ratio_to_stock"] == 1.0
+    assert patched["ratio_to_stock"] == patched["rate"] / stock["rate"]
+    assert len(patched["ratio_per_round"]) == 1
     assert patched["target_x_stock"] is None  # targets are for the real models only
 
-    # by-hand: the script edited for bf16 autocast and channels-last, without nanopatch
-    by_hand = model["variants"]["by-hand"]
-    assert by_hand["status"] == "ok", by_hand.get("error")
+    # stock and by-hand never import nanopatch; patched does, with patch_torch()'s defaults
+    assert stock["setup"]["nanopatch_imported"] is False and "nanopatch" not in stock["setup"]
     assert by_hand["setup"]["nanopatch_imported"] is False and "nanopatch" not in by_hand["setup"]
-    seen = by_hand["setup"]["observed"]
-    assert seen["compute_dtype"] == "bfloat16" and seen["conv_weight_channels_last"] is True
-    assert seen["loss_dtype"] == "float32"  # cross-entropy runs in fp32 under CPU autocast
+    assert patched["setup"]["nanopatch_imported"] is True
+    assert patched["setup"]["nanopatch"]["patch_torch"] == {}
+
+    # inside the model, in a training step: a forward hook on the first convolution saw what it
+    # computed in and whether its input was channels-last
+    probes = {v: r["setup"]["observed"]["probe"] for v, r in rows.items()}
+    for probe in probes.values():
+        assert probe["layer"] == "0 (Conv2d)" and probe["calls"] == 1 and probe["inputs_4d"] == 1
+    assert probes["stock"]["dtypes"] == {"float32": 1} and probes["stock"]["channels_last"] == 0
+    # by-hand: the script edited for bf16 autocast and channels-last, without nanopatch
+    assert probes["by-hand"]["dtypes"] == {"bfloat16": 1} and probes["by-hand"]["channels_last"] == 1
+    # patched: the unedited script, and nanopatch made the same happen
+    assert probes["patched"]["dtypes"] == {"bfloat16": 1} and probes["patched"]["channels_last"] == 1
+    for variant in ("by-hand", "patched"):
+        seen = rows[variant]["setup"]["observed"]
+        assert seen["compute_dtype"] == "bfloat16" and seen["conv_weight_channels_last"] is True
     assert stock["setup"]["observed"]["compute_dtype"] == "float32"
     assert stock["setup"]["observed"]["conv_weight_channels_last"] is False
+    assert "inside bf16 / channels-last" in proc.stdout and "inside fp32 / contiguous" in proc.stdout
