@@ -216,7 +216,7 @@ def _auto_channels_last() -> tuple[bool, str]:
 
 def distribution_version(name: str) -> str | None:
     """Installed version of a distribution, from metadata (never imports it)."""
-    import importlib.metadata  # ~20 ms: only when a version is really needed
+    import importlib.metadata  # imported only when a version is really needed (import cost)
 
     try:
         return importlib.metadata.version(name)

@@ -228,9 +228,8 @@ def plan(
 
     path = None
     if allocator != "default":
-        # auto: tcmalloc only. jemalloc (with or without IPEX's MALLOC_CONF) made ResNet-18
-        # training ~20% slower than glibc on the 2-core EPYC this was measured on, where
-        # tcmalloc was ~5% faster (bench/multi_instance.py); it is there when asked for.
+        # auto: tcmalloc only; jemalloc trained slower than glibc where measured (bench/README),
+        # so it is used only when asked for.
         candidates = ("tcmalloc",) if allocator == "auto" else (allocator,)
         found = [(name, finder(name)) for name in candidates]
         name, path = next(((n, p) for n, p in found if p), (None, None))
