@@ -67,19 +67,13 @@ GEOMETRIC = [
     "GaussianBlur",
 ]
 
-#: No arithmetic on pixel values: these must give stock's pixels exactly.
-EXACT = {
-    "CenterCrop",
-    "RandomCrop",
-    "RandomHorizontalFlip",
-    "RandomVerticalFlip",
-    "Pad",
-    "ToTensor",
-    "PILToTensor",
-    "Normalize",
-    "ConvertImageDtype",
-    "Lambda",
-}
+#: Steps within one grey level of stock's rather than exact: blur (float32 sums in another
+#: order) and the bilinear resizes (torch's 16-bit weights for one pass). Every other step,
+#: replaced or stock, must give stock's pixels exactly: crops, flips, pads, the other filters,
+#: the colour kernels (hue included), and rotations and affine warps (Pillow's own call).
+INEXACT = {"GaussianBlur"}
+#: The replaced resizing classes and the position of ``interpolation`` among their arguments.
+RESIZERS = {"Resize": 1, "RandomResizedCrop": 3}
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -130,6 +124,11 @@ DEFAULT_TOL = Tol(1, 0.5)
 #: test/test_transforms_tensor.py (TestColorJitter, ``_test_class_op(..., tol=16.1,
 #: agg_method="max")``). It bounds the maximum only.
 HUE_TOL = Tol(16.1, None)
+
+#: A pipeline's maximum where ColorJitter (without, with hue) follows a step within one level of
+#: stock's: its blends amplify that level (derived in test_vision_transforms_parity.py,
+#: JITTER_PIPELINE_TOL).
+AMPLIFIED_MAX = {False: 8, True: 1 + HUE_TOL.max}
 
 #: The mean bound is a statistic: below this many pixels per channel a single pixel off by one
 #: decides it, so only the maximum is checked there.
@@ -252,19 +251,36 @@ class Recipe:
 
     def tolerance(self) -> Tol:
         """How far ours may be from stock on uint8 pixels: a step's own tolerance; for a
-        container, the sum over its steps (each inexact step may add its own rounding; the
-        generated pipelines keep to one resampling step, so no step magnifies another's)."""
+        container, the sum over its steps (each inexact step may add its own rounding), except
+        that a ColorJitter after an inexact step amplifies that step's difference: the maximum
+        is then ``AMPLIFIED_MAX`` (the mean bound stays the sum of the steps' own)."""
         kids = self.children()
-        if kids:
-            total = EXACT_TOL
-            for kid in kids:
-                total = total + kid.tolerance()
-            return total
-        if self.name in EXACT:
-            return EXACT_TOL
-        if self.name == "ColorJitter" and _hue_on(self.kwargs.get("hue", self.args[3] if len(self.args) > 3 else 0)):
-            return HUE_TOL
-        return DEFAULT_TOL
+        if not kids:
+            return DEFAULT_TOL if self.name in INEXACT or self._bilinear() else EXACT_TOL
+        total = EXACT_TOL
+        hue = None  # whether a ColorJitter (with hue) follows an inexact step
+        for kid in kids:
+            if not total.exact and kid.jitters() is not None:
+                hue = bool(hue) or kid.jitters()
+            total = total + kid.tolerance()
+        if self.name not in ("Compose", "RandomApply") and not total.exact and self.jitters() is not None:
+            hue = self.jitters()  # RandomOrder, RandomChoice: any order
+        return total if hue is None else Tol(AMPLIFIED_MAX[hue], total.mean)
+
+    def _bilinear(self) -> bool:
+        if self.name not in RESIZERS:
+            return False
+        position = RESIZERS[self.name]
+        mode = self.kwargs.get("interpolation", self.args[position] if len(self.args) > position else BILINEAR)
+        return mode in (BILINEAR, 2)
+
+    def jitters(self) -> bool | None:
+        """None without a ColorJitter in it, else whether one of them shifts hue."""
+        if self.name == "ColorJitter":
+            return _hue_on(self.kwargs.get("hue", self.args[3] if len(self.args) > 3 else 0))
+        found = [kid.jitters() for kid in self.children()]
+        found = [f for f in found if f is not None]
+        return any(found) if found else None
 
     def levels(self, tensor: torch.Tensor) -> torch.Tensor:
         """A float output of this pipeline back in grey levels (undoing a final Normalize)."""

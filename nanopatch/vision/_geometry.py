@@ -171,8 +171,8 @@ def _torch_pass(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     t = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)  # 1CHW view, channels-last memory
     t = tf.interpolate(t, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
     if t.shape[1] > 1 and not t.is_contiguous(memory_format=torch.channels_last):
-        # the kernel returns planar (NCHW) memory: interleave the planes again (cv2.merge is
-        # ~30x faster than a numpy transpose copy), so later steps get HWC-contiguous pixels
+        # the kernel returns planar (NCHW) memory: interleave the planes again (cv2.merge beats
+        # a numpy transpose copy), so later steps get HWC-contiguous pixels
         return cv2().merge(list(t[0].numpy()))
     return t[0].permute(1, 2, 0).numpy()
 
