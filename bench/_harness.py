@@ -409,6 +409,21 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def cpu_line(m: dict[str, Any]) -> str:
+    """The Markdown line of :func:`machine_facts`' CPU."""
+    yes_no = {True: "yes", False: "no", None: "?"}
+    return (
+        f"- CPU: {m['model_name']} ({m['logical_cpus']} logical CPUs, {m['physical_cores']} physical cores "
+        f"allowed, usable {m['usable_cores']}); flags: {' '.join(m['flags']) or '-'}; native bf16: "
+        f"{yes_no[m['native_bf16']]}, AMX: {yes_no[m['amx']]}"
+    )
+
+
+def fmt(value: float) -> str:
+    """A rate with 3 significant digits, or none after the point from 100 on."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 

@@ -681,10 +681,6 @@ def targets_of(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> list[
     return out
 
 
-def fmt(value: float) -> str:
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-
-
 def ran_with(d: dict[str, Any]) -> str:
     threads = "/".join(map(str, sorted(set(d["threads"]))))
     if d["processes"] == 1:
@@ -710,11 +706,7 @@ GROUP_TITLES = {
 def print_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     print("## Training throughput of framework code: Lightning, Hugging Face Trainer, timm\n")
-    print(
-        f"- CPU: {m['model_name']} ({m['logical_cpus']} logical CPUs, {m['physical_cores']} physical cores, "
-        f"usable {m['usable_cores']}); AMX: {'yes' if m['amx'] else 'no'}; native bf16: "
-        f"{'yes' if m['native_bf16'] else 'no'}; " + ", ".join(f"{k} {m[k]}" for k in VERSIONS if m.get(k))
-    )
+    print(h.cpu_line(m) + "; " + ", ".join(f"{k} {m[k]}" for k in VERSIONS if m.get(k)))
     print(
         f"- {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} per run after "
         f"{report['warmup']} warm-up, each run a fresh process (group), order rotated each round; 1-min load "
@@ -788,8 +780,8 @@ def cells(row: dict[str, Any], second: bool) -> list[str]:
 
     out = [
         row["variant"],
-        fmt(row["rate"]),
-        f"{fmt(low)}-{fmt(high)}",
+        h.fmt(row["rate"]),
+        f"{h.fmt(low)}-{h.fmt(high)}",
         ratio(row["ratio_to_stock"], row.get("ratio_per_round")),
     ]
     if second:

@@ -431,18 +431,10 @@ def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str,
     return out
 
 
-def fmt(value: float) -> str:
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-
-
 def print_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     print("## Several training instances on one machine\n")
-    print(
-        f"- CPU: {m['model_name']} ({m['logical_cpus']} logical CPUs, {m['physical_cores']} physical cores "
-        f"allowed, usable {m['usable_cores']}); flags: {' '.join(m['flags']) or '-'}; AMX: "
-        f"{'yes' if m['amx'] else 'no'}; torch {m['torch']}, Python {m['python']}"
-    )
+    print(h.cpu_line(m) + f"; torch {m['torch']}, Python {m['python']}")
     print(
         f"- {report['description']}; {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} "
         f"per run after {report['warmup']} warm-up, each run a fresh process (group), order rotated each round; "
@@ -459,8 +451,8 @@ def print_markdown(report: dict[str, Any]) -> None:
         low, high = row["spread"]
         cells = [
             row["variant"],
-            fmt(row["rate"]),
-            f"{fmt(low)}-{fmt(high)}",
+            h.fmt(row["rate"]),
+            f"{h.fmt(low)}-{h.fmt(high)}",
             f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",
             f"{row['ratio_to_tuned']:.2f}x" if "ratio_to_tuned" in row else "",
             f"{d['cpu_use'] * 100:.0f}%",

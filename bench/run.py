@@ -117,6 +117,14 @@ def _quick(options: Options) -> list[str]:
     return ["--quick"] if options.quick else []
 
 
+def json_to_stdout(options: Options, _: Path) -> list[str]:
+    return [*_quick(options), "--json"]
+
+
+def json_to_file(options: Options, path: Path) -> list[str]:
+    return [*_quick(options), "--json", str(path)]
+
+
 BENCHES: dict[str, Bench] = {
     bench.name: bench
     for bench in (
@@ -125,7 +133,7 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "decode.py",
             title="JPEG loading: torchvision's pil_loader, stock against nanopatch",
             group_label="size",
-            args=lambda o, _: [*_quick(o), "--json"],
+            args=json_to_stdout,
             about="images/s on one pinned core, file read included; stock = torchvision's own `pil_loader`",
             readme={"nanopatch loader": "loader", "nanopatch DCT-scaled (min 224)": "DCT-scaled decode"},
         ),
@@ -134,7 +142,7 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "transforms.py",
             title="ImageFolder + torchvision transforms pipelines",
             group_label="pipeline",
-            args=lambda o, _: [*_quick(o), "--json"],
+            args=json_to_stdout,
             about="images/s of `dataset[i]` on one pinned core; stock = torchvision as installed",
             readme={"nanopatch": "nanopatch", "nanopatch fast decode": "fast decode"},
         ),
@@ -143,12 +151,7 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "train_step.py",
             title="Training step: stock PyTorch against nanopatch's training patch",
             group_label="model",
-            args=lambda o, path: [
-                *_quick(o),
-                *(["--ipex-python", o.ipex_python] if o.ipex_python else []),
-                "--json",
-                str(path),
-            ],
+            args=lambda o, path: [*(["--ipex-python", o.ipex_python] if o.ipex_python else []), *json_to_file(o, path)],
             json_to="file",
             about="samples/s of a full training step with torch's default threads; stock = nanopatch not imported",
             readme={"patched": "patched", "compile": "compile", "ipex": "IPEX"},
@@ -158,16 +161,16 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "multi_instance.py",
             title="Several training instances on one machine",
             group_label="model",
-            args=lambda o, path: [*_quick(o), "--json", str(path)],
+            args=json_to_file,
             json_to="file",
-            about="total samples/s; ratios are to the variant each row names as its baseline",
+            about="total samples/s; stock = plain python, nanopatch not imported",
         ),
         Bench(
             name="frameworks",
             script=BENCH_DIR / "frameworks.py",
             title="Framework training code: Lightning, Hugging Face Trainer, timm",
             group_label="framework",
-            args=lambda o, path: [*_quick(o), "--json", str(path)],
+            args=json_to_file,
             label=frameworks_label,
             json_to="file",
             about="samples/s of the training steps of unmodified framework scripts; stock = plain python",

@@ -646,20 +646,10 @@ def notes_for(rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def fmt(value: float) -> str:
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-
-
 def print_markdown(report: dict[str, Any]) -> None:
     machine = report["machine"]
-    facts = machine
     print("## Training step: stock against nanopatch\n")
-    print(
-        f"- CPU: {facts['model_name'] or machine['cpu']} ({facts['logical_cpus']} logical CPUs, "
-        f"{facts['physical_cores']} physical cores allowed, usable {facts['usable_cores']}); flags: "
-        f"{' '.join(facts['flags']) or '-'}; native bf16: {'yes' if facts['native_bf16'] else 'no'}, "
-        f"AMX: {'yes' if facts['amx'] else 'no'}; memory {machine['mem_total_gib'] or 0:.0f} GiB"
-    )
+    print(h.cpu_line(machine) + f"; memory {machine['mem_total_gib'] or 0:.0f} GiB")
     for python, info in report["interpreters"].items():
         print(
             f"- `{python}` ({', '.join(info['variants'])}): Python {info['python_version']}, torch {info['torch']}, "
@@ -691,8 +681,8 @@ def print_markdown(report: dict[str, Any]) -> None:
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round and variant != STOCK else ""
             cells = [
                 variant,
-                fmt(row["rate"]),
-                "-".join(fmt(x) for x in row["spread"]),
+                h.fmt(row["rate"]),
+                "-".join(h.fmt(x) for x in row["spread"]),
                 f"{row['iqr_pct']:.0f}%",
                 f"{row['cpu_share'] * 100:.0f}%",
                 f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",

@@ -231,6 +231,7 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     report = {
         "machine": {
             "model_name": "fake",
+            "flags": ["avx512_bf16"],
             "logical_cpus": 2,
             "physical_cores": 2,
             "usable_cores": 2,
