@@ -574,8 +574,9 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
         f"img/s: median of {args.processes} processes x {args.rounds} interleaved rounds; per variant and round one "
         f"sample of {samples} images. x stock: ratio of the medians; per process: the range of that ratio "
         "computed in each process alone. IQR = interquartile range / median of the samples. CPU = median CPU "
-        "time / wall time (below ~95%, other processes were taking this core). flt/img = median minor page "
-        "faults per image (memory freshly mapped and zeroed by the kernel on every image; see --malloc)."
+        f"time / wall time (below {h.BUSY_CPU_SHARE:.0%}, other processes were taking this core). flt/img = "
+        "median minor page faults per image (memory freshly mapped and zeroed by the kernel on every image; "
+        "see --malloc)."
     )
     print(
         f"Verified in every process on all {total} images: nanopatch loader pixels == stock, its fast path "

@@ -8,7 +8,7 @@ is a synthetic data set of 8 batches, generated with a fixed seed and read throu
 * ``stock``: ``python worker.py``; nanopatch is never imported (checked), torch's default threads.
 * ``patched, untuned``: ``python -m nanopatch --no-tune worker.py``: the patches, no runtime tuning.
 * ``patched, tuned``: ``python -m nanopatch worker.py``: one process on all the cores, with the
-  runtime tuning (``OMP_NUM_THREADS``, OpenMP affinity, jemalloc or tcmalloc preloaded).
+  runtime tuning (``OMP_NUM_THREADS``, OpenMP affinity, an allocator preloaded).
 * ``patched, --nproc 2``: ``python -m nanopatch --nproc 2 worker.py``: two processes, each pinned
   to its share of the cores, the model in DistributedDataParallel (gloo), the loader sharded.
   Each process trains batch 32, so a step is 64 images; the rate is the images of all ranks over

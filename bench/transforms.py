@@ -15,14 +15,13 @@ in these variants:
 * ``nanopatch``: the same code after ``nanopatch.patch_torch(training=False, fast_decode=False)``
   (full-resolution decode: same pixels as stock, checked).
 * ``nanopatch fast decode``: after ``patch_torch(training=False, fast_decode=True)`` (DCT-scaled
-  decode where the pipeline allows it); while nanopatch has no such option, the environment
-  variable ``NANOPATCH_FAST_DECODE=1`` is set around that variant instead (and a note printed).
+  decode where the pipeline allows it).
 * ``albumentations``: the equivalent albumentations pipelines on ``cv2.imread`` + BGR2RGB over the
   same files (left out, with a note, when albumentations is not installed).
 
 Every variant builds its own pipelines and ImageFolder in its own patch state (stock ones with
 nothing patched, nanopatch ones after ``patch_torch()``) and runs in that state: the state is
-switched before each sample, outside the timed region (~1 ms). That matters: torchvision's
+switched before each sample, outside the timed region. That matters: torchvision's
 ``default_loader`` looks ``pil_loader`` up at call time, so a stock ImageFolder called while
 patched would load through nanopatch. Each process prints which classes and loader every variant
 really uses (and asserts that stock is all torchvision and that the nanopatch variants really go
@@ -63,17 +62,13 @@ STD = (0.229, 0.224, 0.225)
 #: max |stock - nanopatch| allowed in the normalised tensors: one grey level on the narrowest channel
 TOLERANCE = 1 / 255 / min(STD) + 1e-6
 PIPELINES = ("train", "val", "train+jitter")
-#: per pipeline, in grey levels. Each nanopatch step is within one level of stock (colour steps
-#: bit-exact), but after the resize's rare one-level differences, ColorJitter's factors (up to
-#: 1.4 each, three of them) and its contrast step (which uses the image's rounded mean) can
-#: grow a one-level difference to a few levels on a few pixels. The mean must stay under half
-#: a level everywhere.
+#: max |stock - nanopatch| per pipeline, in grey levels: ColorJitter after a resize can grow a
+#: one-level difference to a few levels on a few pixels. The mean stays under half a level.
 MAX_GREY_LEVELS = {"train": 1, "val": 1, "train+jitter": 8}
 MEAN_TOLERANCE = 0.5 / 255 / min(STD)
 STOCK, NANOPATCH, FAST, ALBU = "stock", "nanopatch", "nanopatch fast decode", "albumentations"
 VARIANTS = (STOCK, NANOPATCH, FAST, ALBU)
 PATCHED = (NANOPATCH, FAST)
-#: what nanopatch reads (if it knows the option) when patch_torch() has no fast_decode argument
 CLASS_DIR = "photo"  # the ImageFolder's one class
 #: (variant, pipeline, size) -> minimum ratio vs stock, from the issue. Printed, never asserted.
 TARGETS: dict[tuple[str, str, tuple[int, int]], float] = {
@@ -435,8 +430,8 @@ def worker(args: argparse.Namespace) -> int:
     impls = {variant: implementation(variant, datasets, states) for variant, datasets in by_variant.items()}
     if all(impls[v]["uses"] == "tv transforms, np loader" for v in PATCHED):
         notes.append(
-            "nanopatch's transforms are not in this build: the nanopatch variants run torchvision's own "
-            "transform classes and differ from stock only in the JPEG loader"
+            "the nanopatch variants ran torchvision's own transform classes: they differ from stock only in the "
+            "JPEG loader"
         )
     checks = verify(sets, {size: paths for size, (_, paths) in files.items()}, states)
     load_before = h.load_average()
@@ -566,8 +561,8 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
         f"rounds of dataset[i] over the ImageFolder; a sample is {min(passes.values())}-{max(passes.values())} "
         "passes over the images of a size. "
         "x stock: ratio of the medians; per process: the range of that ratio computed in each process alone. "
-        "IQR = interquartile range / median of the samples. CPU = median CPU time / wall time (below ~95%, "
-        "other processes were taking this core). x albu: ratio to albumentations."
+        "IQR = interquartile range / median of the samples. CPU = median CPU time / wall time "
+        f"(below {h.BUSY_CPU_SHARE:.0%}, other processes were taking this core). x albu: ratio to albumentations."
     )
     shares = [row["cpu_share"] for row in rows]
     if args.clock == "wall" and statistics.median(shares) < h.BUSY_CPU_SHARE:
