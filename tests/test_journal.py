@@ -179,3 +179,25 @@ def test_unpatch_from_another_thread_while_a_discovered_call_runs():
     assert seen["autocast after the call"] is False, seen
     assert global_hooks() == hooks_before
     assert _patching._journal.changes() == [] and "forward" not in vars(model)
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["stock-layout", "users-channels-last"])
+def test_unpatch_gives_the_weights_the_layout_the_user_gave_them(by_hand):
+    """nanopatch's channels-last weights are undone at unpatch; weights the user made
+    channels-last themself stay so (unpatch undoes only what nanopatch did)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.zeros(1, 3, 8, 8))
+    if by_hand:
+        model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    nanopatch.patch_torch(training=True, vision=False, bf16=False, channels_last=True, ipex=False, compile=False)
+    loader = DataLoader(TensorDataset(torch.randn(8, 3, 8, 8), torch.ones(8)), batch_size=4)
+    for x, _ in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert any("channels-last weights" in c for c in nanopatch.status()["targets"]["training"]["changes"]) != by_hand
+    nanopatch.unpatch_torch()
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last) == by_hand
+    assert model[0].weight.is_contiguous() != by_hand

@@ -63,7 +63,7 @@ optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer seen, kept ac
 pending: dict[int, _Pending] = {}  # id(optimizer) -> what is still unpaired of it
 watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Watch
 unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothing to accelerate
-converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models made channels-last for DDP
+converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model made channels-last for DDP -> entry
 ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
 _hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
 _outlived: list[Any] = []  # hook entries the journal let go of at unpatch, removed after the last call
@@ -213,8 +213,8 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
             plan.notes.append(f"channels-last not applied: the model was already wrapped in {_name(module)}")
             rank = None
         if rank is not None:
-            if not _already(model, rank):
-                mf.convert_model(model, rank)
+            if not _already(model, rank):  # the user's own channels-last weights stay theirs
+                plan.layout = mf.convert_model(model, rank)
             plan.rank = rank
     if cfg.ipex and not plan.ipex:
         _try_ipex(module, model, optimizer, plan, bf16)
@@ -283,7 +283,9 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.compiled = None
     plan.ddp = None
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
-        mf.restore_model(inner(module))
+        if plan.layout is not None:
+            _patching.discard(plan.layout)
+            plan.layout = None
         plan.rank = None
     if plan.ipex and plan.amp_dtype is not None:
         plan.compile_mode = False
@@ -333,8 +335,7 @@ def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                 rank = mf.channels_last_rank(module)
                 trains = any(p.requires_grad for p in module.parameters())
                 if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
-                    mf.convert_model(module, rank)
-                    converted[module] = rank
+                    converted[module] = mf.convert_model(module, rank)
                     logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
         except Exception:
             logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))
@@ -606,8 +607,8 @@ def reset() -> None:
     stop()
     watched.clear()
     unaccelerated.clear()
-    for model in list(converted):
-        mf.restore_model(model)
+    for change in list(converted.values()):
+        _patching.discard(change)
     converted.clear()
 
 

@@ -8,10 +8,14 @@ Models without 2-D/3-D convolutions are left alone.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch import nn
+
+from .. import _patching
+from .plan import TARGET
 
 _CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
 _CONV3D = (nn.Conv3d, nn.ConvTranspose3d)
@@ -32,8 +36,19 @@ def memory_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.channels_last_3d
 
 
-def convert_model(model: nn.Module, rank: int) -> None:
+def convert_model(model: nn.Module, rank: int) -> Any:
+    """Make the model's weights channels-last; the change is an entry of the patch engine's
+    journal (undone at unpatch, or by ``_patching.discard`` of what this returns), forgotten if
+    the model is dropped."""
     model.to(memory_format=memory_format(rank))
+    ref = weakref.ref(model)
+
+    def undo() -> None:
+        alive = ref()
+        if alive is not None:
+            restore_model(alive)
+
+    return _patching.on_undo(TARGET, undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
 
 
 def restore_model(model: nn.Module) -> None:

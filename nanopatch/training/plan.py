@@ -85,6 +85,7 @@ class Plan:
     previous_forward: Any = _patching.NOTSET
     setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
     ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
+    layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
     # observed on training calls (grad mode, training mode)
     training_calls: int = 0
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
