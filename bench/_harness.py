@@ -273,13 +273,27 @@ def reap_descendants(group: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
+class LoadMeter:
+    """The CPU time the rest of the machine takes from now to :meth:`other_load`, as a share of all
+    CPUs: the machine's busy time (``/proc/stat``) less ``own_cpu_s``, what the measured work took."""
+
+    def __init__(self) -> None:
+        self.busy = machine_busy_s()
+        self.started = time.perf_counter()
+
+    def other_load(self, own_cpu_s: float) -> float | None:
+        busy, wall = machine_busy_s(), time.perf_counter() - self.started
+        if self.busy is None or busy is None or wall <= 0:
+            return None
+        return max(0.0, busy - self.busy - own_cpu_s) / (wall * (os.cpu_count() or 1))
+
+
 def run_process_group(argv: list[str], *, env: dict[str, str], cwd: str, log_path: Path, timeout: float):
     """Run ``argv`` as its own session, output to ``log_path``, reaping what it leaves behind.
     Returns (exit code or None on timeout, wall seconds, other load): the CPU time the rest of the
     machine took meanwhile, as a share of all CPUs (None where /proc/stat cannot be read)."""
     adopt_descendants()
-    busy_before, ours_before = machine_busy_s(), children_cpu_s()
-    started = time.perf_counter()
+    meter, ours_before = LoadMeter(), children_cpu_s()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
@@ -289,12 +303,7 @@ def run_process_group(argv: list[str], *, env: dict[str, str], cwd: str, log_pat
             proc.wait()
             code = None
     reap_descendants(proc.pid, 60)
-    wall = time.perf_counter() - started
-    busy_after, ours = machine_busy_s(), children_cpu_s() - ours_before
-    other_load = None
-    if busy_before is not None and busy_after is not None:
-        other_load = max(0.0, busy_after - busy_before - ours) / (wall * (os.cpu_count() or 1))
-    return code, wall, other_load
+    return code, time.perf_counter() - meter.started, meter.other_load(children_cpu_s() - ours_before)
 
 
 def load_warning(loads: Sequence[float], runs: int) -> str | None:

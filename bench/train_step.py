@@ -350,6 +350,7 @@ class Trainer:
 
     def run(self, steps: int) -> dict[str, Any]:
         assert self.job is not None, "run before setup"
+        request_cpu = time.process_time()
         gc.collect()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         cpu_start = time.process_time()
@@ -367,6 +368,7 @@ class Trainer:
             "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
             "rss_mib": current,
             "peak_rss_mib": peak,
+            "request_cpu_s": time.process_time() - request_cpu,
         }
 
 
@@ -547,7 +549,9 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
             for variant in order:
                 time.sleep(SETTLE_S)
                 try:
+                    meter = h.LoadMeter()
                     sample = workers[variant].request({"cmd": "run", "steps": args.steps})
+                    sample["other_load"] = meter.other_load(sample["request_cpu_s"])
                 except WorkerFailed as exc:
                     log(f"{model}: {variant} failed: {exc}")
                     done = results[variant]["samples"]
@@ -594,6 +598,7 @@ def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> lis
             rates=rates,
             rounds=[s["round"] for s in samples],
             cpu_share=statistics.median(s["cpu_s"] / s["elapsed_s"] / setup["threads"] for s in samples),
+            other_load=max((s["other_load"] for s in samples if s["other_load"] is not None), default=None),
             iqr_pct=stats["iqr_pct"],
             step_s=step_s,
             first_step_s=warmup[0] if warmup else None,
@@ -637,11 +642,12 @@ def notes_for(rows: list[dict[str, Any]]) -> list[str]:
             notes.append(f"`{variant}`: nanopatch's training target is {state}")
         if result["setup"]["observed"]["loss_dtype"] != "float32":
             notes.append(f"`{variant}`: the loss was computed in {result['setup']['observed']['loss_dtype']}")
-    busy = [f"`{v}` {r['cpu_share'] * 100:.0f}%" for v, r in ok.items() if h.suspect(r)]
+    suspects = {v: r for v, r in ok.items() if h.suspect(r)}
+    busy = [f"`{v}` CPU {r['cpu_share']:.0%}, other {r.get('other_load') or 0:.0%}" for v, r in suspects.items()]
     if busy:
         notes.append(
-            f"CPU below {h.BUSY_CPU_SHARE:.0%} ({', '.join(busy)}): other processes were taking the cores, so these "
-            "rates are suspect"
+            f"CPU below {h.BUSY_CPU_SHARE:.0%} or other load above {h.OTHER_LOAD_WARNING:.0%} ({'; '.join(busy)}): "
+            "other processes were taking the cores, so these rates are suspect"
         )
     return notes
 
@@ -703,7 +709,8 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(
         "\nRates: median over the rounds of (steps x samples per step / wall time of the steps). min-max and IQR "
         "(interquartile range / median): the spread of those samples. CPU: the worker's CPU time / (wall time x "
-        "its threads); well below 100%, other processes shared the cores. x stock: ratio of the medians; per "
+        "its threads); well below 100%, other processes shared the cores. Other load (in the notes): the CPU time "
+        "the rest of the machine took during a sample, as a share of all CPUs. x stock: ratio of the medians; per "
         "round: the range of the ratio to stock's sample of the same round. Warm-up extra: warm-up time beyond "
         "as many steady steps (for compile: the compile time). Targets are printed, never asserted."
     )

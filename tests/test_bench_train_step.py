@@ -45,6 +45,8 @@ def test_quick_tiny_run_writes_json(tmp_path):
         assert row["bench"] == "train_step" and row["group"] == "tiny" and row["unit"] == "img/s"
         assert len(row["samples"]) == len(row["rates"]) == 1 and row["spread"] == [row["rate"], row["rate"]]
         assert row["rate"] > 0 and row["samples"][0]["elapsed_s"] > 0
+        # the rest of the machine's CPU time during the sample, as a share of all CPUs
+        assert 0 <= row["samples"][0]["other_load"] <= 1 and row["other_load"] == row["samples"][0]["other_load"]
         setup = row["setup"]
         assert setup["threads"] >= 1 and setup["torch"] and setup["samples_per_step"] == 8
         assert setup["observed"]["loss_dtype"] == "float32"  # cross-entropy runs in fp32 under CPU autocast
