@@ -586,13 +586,14 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
 
 def emit(args: argparse.Namespace, reports: list[dict], rows: list[dict], data: dict, elapsed: float, print_report,
          **extra) -> int:  # fmt: skip
-    """Print the results as JSON (``--json``: the machine, the run's shape, ``extra``, the data set
-    and the rows) or as the report."""
+    """Print the results as JSON (``--json``: the machine as the measuring processes saw it, the
+    host's facts and git state, the run's shape, ``extra``, the data set and the rows) or as the report."""
     if not args.json:
         print_report(args, reports, rows, data, elapsed)
         return 0
     report = {
         "machine": reports[0]["machine"],
+        "host": h.machine_facts(),
         "pinned_cpu": args.cpu,
         "processes": args.processes,
         "rounds_per_process": args.rounds,

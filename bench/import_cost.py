@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     times = measure(args.rounds)
     table = rows(times)
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "samples_s": times, "rows": table}, indent=2))
+        report = {"machine": h.machine_facts(), "python": sys.executable, "rounds": args.rounds}
+        print(json.dumps({**report, "samples_s": times, "rows": table}, indent=2))
         return 0
     base = table[0]["rate"]
     print(f"{'command':<42}{'median':>10}{'vs import torch':>18}")
