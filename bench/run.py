@@ -638,6 +638,16 @@ def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[st
                 f"{SUSPECT_MARK} CPU below {BUSY_CPU_SHARE:.0%} of the wall time ({', '.join(busy)}): other processes "
                 "were taking the cores while these were timed, so these rates (and ratios) are suspect"
             )
+        loaded = [
+            f"`{r['variant']}` {r['group']} {r['other_load']:.0%}"
+            for r in rows
+            if r.get("other_load") is not None and r["other_load"] > h.OTHER_LOAD_WARNING
+        ]
+        if loaded:
+            notes.append(
+                f"{SUSPECT_MARK} other load above {h.OTHER_LOAD_WARNING:.0%} of all CPUs during a round "
+                f"({', '.join(loaded)}): these rates (and ratios) are suspect"
+            )
         if notes:
             lines.append("")
             lines += [f"- {note}" for note in notes]

@@ -124,6 +124,7 @@ MULTI_INSTANCE = {
         [("resnet18", "stock", 14.2, None), ("resnet18", "patched, --nproc 2", 35.5, 2.5)],
         stock="stock",
         details={"cpu_use": 0.9},
+        other_load=0.12,
     )
 }
 
@@ -290,6 +291,14 @@ def sample_results():
         "failures": [{"bench": "import_cost", "error": "exited with code 1"}],
         "rows": [r for entry in benches.values() for r in entry.get("rows", [])],
     }
+
+
+def test_markdown_marks_other_load():
+    entry = {"status": "ok", "rows": run.rows_of(run.BENCHES["multi_instance"], MULTI_INSTANCE), "seconds": 1.0}
+    text = run.markdown({**sample_results(), "benches": {"multi_instance": entry}}, run.BENCHES, {})
+    assert "| resnet18 | img/s | 14.2\u2020 | 35.5\u2020 (2.50x) |" in text.splitlines()
+    loaded = "(`stock` resnet18 12%, `patched, --nproc 2` resnet18 12%)"
+    assert f"other load above 5% of all CPUs during a round {loaded}" in text
 
 
 def test_markdown_tables():
