@@ -1,4 +1,6 @@
-"""The v1 classes nanopatch leaves stock, inside a patched Compose.
+"""The v1 classes nanopatch leaves stock, and the six random colour ops it runs on its colour
+kernels (RandomInvert, RandomPosterize, RandomSolarize, RandomAdjustSharpness,
+RandomAutocontrast, RandomEqualize), inside a patched Compose.
 
 Each runs between nanopatch steps (a crop and a flip before it, to-tensor steps where it takes
 a tensor), and the pipeline must give stock's outcome: the same types (a tuple of PIL images
@@ -44,6 +46,17 @@ CASES = {
 }
 
 
+#: The six random colour ops: nanopatch's classes (parity of each alone: test_vision_transforms_parity.py).
+ACCELERATED = {
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomEqualize",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomSolarize",
+}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def patched():
     with nanopatch.patched(training=False):
@@ -79,13 +92,19 @@ def assert_same(got, want, what: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_stock_class_inside_a_patched_compose(name):
+def test_inside_a_patched_compose(name):
     step, before, after = CASES[name]
     recipe = R("Compose", [*before, step, *after])
     stock, ours = recipe.build(stock=True), recipe.build(stock=False)
     assert type(ours).__module__ == "nanopatch.vision.transforms"
-    assert type(ours.transforms[len(before)]) is getattr(T, name)  # stock's own class, also while patched
-    assert not type(ours.transforms[len(before)]).__module__.startswith("nanopatch")
+    step_type = type(ours.transforms[len(before)])
+    assert step_type is getattr(T, name)
+    if name in ACCELERATED:
+        assert step_type.__module__ == "nanopatch.vision.transforms" and step_type.__bases__[-1] is type(
+            stock.transforms[len(before)]
+        )
+    else:  # stock's own class, also while patched
+        assert not step_type.__module__.startswith("nanopatch")
     for seed in (0, 1):
         for i, (got, want) in enumerate(zip(outcomes(ours, seed), outcomes(stock, seed), strict=True)):
             what = f"{recipe!r}, seed {seed}, call {i}"

@@ -51,6 +51,12 @@ REPLACED = [
     "AutoAugment",
     "RandAugment",
     "TrivialAugmentWide",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomSolarize",
+    "RandomAdjustSharpness",
+    "RandomAutocontrast",
+    "RandomEqualize",
 ]
 
 #: The classes that resample (geometry): each gets one 4000x3000 case.
@@ -342,6 +348,11 @@ def _choice(rng: np.random.Generator, options):
     return options[int(rng.integers(len(options)))]
 
 
+def _p(rng: np.random.Generator) -> float:
+    """A Random*'s probability: often the edges, often one half."""
+    return _choice(rng, [0.0, 0.5, 0.5, 0.5, 1.0, _u(rng, 0, 1)])
+
+
 def _u(rng: np.random.Generator, low: float, high: float, digits: int = 3) -> float:
     return round(float(rng.uniform(low, high)), digits)
 
@@ -449,7 +460,16 @@ def random_recipe(name: str, rng: np.random.Generator) -> Recipe:
             kwargs["ratio"] = (low, _u(rng, low, 3.0))
         return R("RandomResizedCrop", _size(rng, 1, 64), **kwargs)
     if name in ("RandomHorizontalFlip", "RandomVerticalFlip", "RandomGrayscale"):
-        return R(name, p=_choice(rng, [0.0, 0.5, 0.5, 0.5, 1.0, _u(rng, 0, 1)]))
+        return R(name, p=_p(rng))
+    if name in ("RandomInvert", "RandomAutocontrast", "RandomEqualize"):
+        return R(name, p=_p(rng))
+    if name == "RandomPosterize":  # 0 and 9: stock's error when the coin says go
+        return R(name, int(rng.integers(0, 10)), p=_p(rng))
+    if name == "RandomSolarize":
+        threshold = _choice(rng, [0, 128, 255, 256, -3, _u(rng, 0, 300, 1), int(rng.integers(1, 255))])
+        return R(name, threshold, p=_p(rng))
+    if name == "RandomAdjustSharpness":
+        return R(name, _choice(rng, [0.0, 1.0, 2.0, _u(rng, 0, 4)]), p=_p(rng))
     if name == "Pad":
         return R(
             "Pad",

@@ -62,6 +62,12 @@ V1: dict[str, Recipe] = {
     ),
     "RandAugment": R("RandAugment", num_ops=3, magnitude=5, num_magnitude_bins=11, fill=4),
     "TrivialAugmentWide": R("TrivialAugmentWide", num_magnitude_bins=21, interpolation=InterpolationMode.BILINEAR),
+    "RandomInvert": R("RandomInvert", p=0.4),
+    "RandomPosterize": R("RandomPosterize", 3, p=0.6),
+    "RandomSolarize": R("RandomSolarize", 100.5, p=0.6),
+    "RandomAdjustSharpness": R("RandomAdjustSharpness", 1.7, p=0.6),
+    "RandomAutocontrast": R("RandomAutocontrast", p=0.6),
+    "RandomEqualize": R("RandomEqualize", p=0.6),
 }
 assert sorted(V1) == sorted(tc.REPLACED)
 

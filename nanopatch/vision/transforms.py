@@ -39,6 +39,7 @@ from ._pipeline import (
     entry,
     jitter_pixels,
     on_array,
+    on_kernel,
     pillow,
     resize_pixels,
     resized_crop_pixels,
@@ -61,15 +62,21 @@ __all__ = [
     "PILToTensor",
     "Pad",
     "RandAugment",
+    "RandomAdjustSharpness",
     "RandomAffine",
     "RandomApply",
+    "RandomAutocontrast",
     "RandomChoice",
     "RandomCrop",
+    "RandomEqualize",
     "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
     "RandomOrder",
+    "RandomPosterize",
     "RandomResizedCrop",
     "RandomRotation",
+    "RandomSolarize",
     "RandomVerticalFlip",
     "Resize",
     "ToTensor",
@@ -232,6 +239,54 @@ class RandomGrayscale(Fast, stock_class(_tv, "RandomGrayscale")):
         if torch.rand(1) < self.p:
             return on_array(px, fn.rgb_to_grayscale, F.rgb_to_grayscale, num_output_channels=channels)
         return px
+
+
+class _RandomColourOp(Fast):
+    """torchvision's Random<op>: stock's coin (``torch.rand(1).item() < p``), then one of the
+    policies' colour ops on the kernel where that is faster than Pillow (``_pipeline.on_kernel``),
+    else stock's PIL op."""
+
+    #: (the op's name in the policies, the kernel, stock's functional op, its arguments' attributes)
+    _op: tuple[str, Any, Any, tuple[str, ...]]
+
+    def _nanopatch_run(self, px: Pixels) -> Any:
+        if not torch.rand(1).item() < self.p:
+            return px
+        name, kernel, stock_op, attributes = self._op
+        args = [getattr(self, attribute) for attribute in attributes]
+        if on_kernel(name, px):
+            return on_array(px, kernel, stock_op, *args)
+        return pillow(px, stock_op, *args)
+
+
+@entry
+class RandomInvert(_RandomColourOp, stock_class(_tv, "RandomInvert")):
+    _op = ("Invert", fn.invert, F.invert, ())
+
+
+@entry
+class RandomPosterize(_RandomColourOp, stock_class(_tv, "RandomPosterize")):
+    _op = ("Posterize", fn.posterize, F.posterize, ("bits",))
+
+
+@entry
+class RandomSolarize(_RandomColourOp, stock_class(_tv, "RandomSolarize")):
+    _op = ("Solarize", fn.solarize, F.solarize, ("threshold",))
+
+
+@entry
+class RandomAdjustSharpness(_RandomColourOp, stock_class(_tv, "RandomAdjustSharpness")):
+    _op = ("Sharpness", fn.adjust_sharpness, F.adjust_sharpness, ("sharpness_factor",))
+
+
+@entry
+class RandomAutocontrast(_RandomColourOp, stock_class(_tv, "RandomAutocontrast")):
+    _op = ("AutoContrast", fn.autocontrast, F.autocontrast, ())
+
+
+@entry
+class RandomEqualize(_RandomColourOp, stock_class(_tv, "RandomEqualize")):
+    _op = ("Equalize", fn.equalize, F.equalize, ())
 
 
 # --- to tensor -----------------------------------------------------------------------------
