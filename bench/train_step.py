@@ -257,11 +257,11 @@ def observed(job: Job, compute_dtype: str | None, output, loss) -> dict[str, Any
     }
 
 
-def probed_step(job: Job) -> dict[str, Any]:
+def probed_step(job: Job) -> dict[str, Any] | None:
     """One untimed training step with a forward hook on the model's first convolution or linear
     layer (by class name, so IPEX's replacements count): the dtype it computed in and whether its
-    input was channels-last, seen from inside the model. Then one more step without the hook, so
-    that a compiled model's recompilation for the hook stays out of the timed steps."""
+    input was channels-last, seen from inside the model. None when the step ran a compiled graph
+    and the hook saw nothing: a hook added to the eager modules does not run inside it."""
     probe = h.Probe()
     probe.attach(getattr(job.model, "_orig_mod", job.model), leaf_layer)
     probe.active = True
@@ -269,7 +269,8 @@ def probed_step(job: Job) -> dict[str, Any]:
         job.step()[1].item()
     finally:
         probe.detach()
-    job.step()[1].item()
+    if probe.calls == 0 and "torch._dynamo" in sys.modules:
+        return None
     return probe.as_dict()
 
 
@@ -622,7 +623,7 @@ def ran_as(setup: dict[str, Any]) -> str:
     """A short account of what a variant's step really ran."""
     seen = setup["observed"]
     parts = [f"torch {setup['torch'].split('+')[0]}", f"{seen['compute_dtype'] or '?'} compute"]
-    parts.append(f"inside {h.inside(seen['probe'])}")
+    parts.append(f"inside {h.inside(seen['probe'])}" if seen["probe"] else "inside not probed (compiled)")
     if seen["conv_weight_channels_last"] is not None:
         parts.append("channels-last" if seen["conv_weight_channels_last"] else "NCHW")
     if seen["ipex_imported"]:
