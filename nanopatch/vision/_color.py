@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._opencv import cv2
+from ._pixels import checked
 
 __all__ = [
     "adjust_brightness",
@@ -70,15 +71,6 @@ _CALCHIST_LIMIT = 1 << 24
 
 # ----------------------------------------------------------------------------------------------
 # argument checks
-
-
-def _image(arr: object) -> np.ndarray:
-    """``arr`` as a C-contiguous (H, W, 1 or 3) uint8 array, or NotImplementedError."""
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3):
-        raise NotImplementedError("expected an (H, W, 1 or 3) uint8 array")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise NotImplementedError("empty image")
-    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
 
 def _real(value: object, what: str) -> float:
@@ -175,13 +167,13 @@ def _grey_to_rgb(grey: np.ndarray) -> np.ndarray:
 
 def adjust_brightness(arr: np.ndarray, brightness_factor: float) -> np.ndarray:
     """``F.adjust_brightness``: a blend with black."""
-    arr = _image(arr)
+    arr = checked(arr)
     return _lut(arr, _blend_table(0, _alpha(brightness_factor)))
 
 
 def adjust_contrast(arr: np.ndarray, contrast_factor: float) -> np.ndarray:
     """``F.adjust_contrast``: a blend with the grey of the "L" image's rounded mean."""
-    arr = _image(arr)
+    arr = checked(arr)
     return _lut(arr, _contrast_table(arr, _alpha(contrast_factor)))
 
 
@@ -195,7 +187,7 @@ def _saturation(arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = Non
 
 def adjust_saturation(arr: np.ndarray, saturation_factor: float) -> np.ndarray:
     """``F.adjust_saturation``: a blend with the "L" image (an "L" image is returned as is)."""
-    arr = _image(arr)
+    arr = checked(arr)
     alpha = _alpha(saturation_factor)
     if arr.shape[2] == 1 or alpha == 1.0:
         return arr.copy()
@@ -205,7 +197,7 @@ def adjust_saturation(arr: np.ndarray, saturation_factor: float) -> np.ndarray:
 def adjust_sharpness(arr: np.ndarray, sharpness_factor: float) -> np.ndarray:
     """``F.adjust_sharpness``: a blend with Pillow's SMOOTH filter, which leaves the outermost
     rows and columns (and images under 3x3) unfiltered."""
-    arr = _image(arr)
+    arr = checked(arr)
     alpha = _alpha(sharpness_factor)
     h, w = arr.shape[:2]
     if alpha == 1.0 or h < 3 or w < 3:
@@ -348,7 +340,7 @@ def adjust_hue(arr: np.ndarray, hue_factor: float) -> np.ndarray:
     """``F.adjust_hue``: through Pillow's HSV, shifting H with uint8 wrap-around ("L" images
     are returned as they are)."""
     shift = _hue_shift(hue_factor)
-    arr = _image(arr)
+    arr = checked(arr)
     if arr.shape[2] == 1:
         return arr.copy()
     if max(arr.shape[:2]) >= _REMAP_LIMIT:
@@ -362,7 +354,7 @@ def adjust_hue(arr: np.ndarray, hue_factor: float) -> np.ndarray:
 
 def rgb_to_grayscale(arr: np.ndarray, num_output_channels: int = 1) -> np.ndarray:
     """``F.rgb_to_grayscale`` (Pillow's "L" conversion); (H, W, 1) or, for 3, (H, W, 3)."""
-    arr = _image(arr)
+    arr = checked(arr)
     if num_output_channels != 1 and num_output_channels != 3:
         raise ValueError("num_output_channels should be either 1 or 3")
     h, w, c = arr.shape
@@ -378,12 +370,12 @@ def rgb_to_grayscale(arr: np.ndarray, num_output_channels: int = 1) -> np.ndarra
 
 def invert(arr: np.ndarray) -> np.ndarray:
     """``F.invert``: 255 - v."""
-    return np.invert(_image(arr))
+    return np.invert(checked(arr))
 
 
 def posterize(arr: np.ndarray, bits: int) -> np.ndarray:
     """``F.posterize``: keep the top ``bits`` bits (1..8; stock refuses 0 and others)."""
-    arr = _image(arr)
+    arr = checked(arr)
     if not isinstance(bits, numbers.Integral):
         raise NotImplementedError(f"bits of type {type(bits).__name__}")
     if not (0 <= bits <= 8):
@@ -395,7 +387,7 @@ def posterize(arr: np.ndarray, bits: int) -> np.ndarray:
 
 def solarize(arr: np.ndarray, threshold: float) -> np.ndarray:
     """``F.solarize``: levels ``>= threshold`` (more exactly, not ``< threshold``) inverted."""
-    arr = _image(arr)
+    arr = checked(arr)
     if not isinstance(threshold, numbers.Real):
         raise NotImplementedError(f"threshold of type {type(threshold).__name__}")
     # ImageOps keeps the levels that compare below the threshold (none when it is NaN).
@@ -434,7 +426,7 @@ def _planes_lut(arr: np.ndarray, planes: list[np.ndarray], tables: list[np.ndarr
 
 def autocontrast(arr: np.ndarray) -> np.ndarray:
     """``F.autocontrast``: per channel, stretch [min, max] to [0, 255] (ImageOps, no cutoff)."""
-    arr = _image(arr)
+    arr = checked(arr)
     planes = _planes(arr)
     tables: list[np.ndarray | None] = []
     for plane in planes:
@@ -453,7 +445,7 @@ def autocontrast(arr: np.ndarray) -> np.ndarray:
 
 def equalize(arr: np.ndarray) -> np.ndarray:
     """``F.equalize``: ImageOps' per-channel histogram equalisation."""
-    arr = _image(arr)
+    arr = checked(arr)
     planes = _planes(arr)
     tables: list[np.ndarray | None] = []
     for plane in planes:
@@ -489,7 +481,7 @@ def color_jitter(
     once at the end or when saturation or hue needs the pixels. Contrast needs the mean "L" of
     the image it lands on, which it reads through the pending table (to float32) without
     applying it; saturation reads its input the same way."""
-    arr = _image(arr)
+    arr = checked(arr)
     steps: list[tuple[int, object]] = []
     for fn_id in order:  # compared as ColorJitter.forward compares them (a tensor's items too)
         if fn_id == 0 and brightness is not None:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._opencv import cv2
-from ._pixels import contiguous, from_pil, to_pil
+from ._pixels import checked, contiguous, from_pil, to_pil
 
 # torchvision.transforms.InterpolationMode values (strings), so this module needs no torchvision.
 NEAREST = "nearest"
@@ -45,9 +45,6 @@ def _mode_value(interpolation) -> str:
     return getattr(interpolation, "value", interpolation)
 
 
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-
-
 def is_pil_filter(interpolation) -> bool:
     """Whether ``interpolation`` (an InterpolationMode or its value) is one of Pillow's filters."""
     return _mode_value(interpolation) in PIL_FILTERS
@@ -56,12 +53,7 @@ def is_pil_filter(interpolation) -> bool:
 # --- argument parsing ------------------------------------------------------------------------
 
 
-def _check_image(arr: np.ndarray) -> np.ndarray:
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3):
-        raise NotImplementedError("expected an (H, W, 1) or (H, W, 3) uint8 array")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise NotImplementedError("empty image")
-    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _fill_color(fill, channels: int) -> tuple[int, ...]:
@@ -445,7 +437,7 @@ def gaussian_blur(arr: np.ndarray, kernel_size: Sequence[int], sigma: Sequence[f
     smaller than the image side (stock's reflect padding raises there) and for a non-uint8 or
     non-(H, W, 1|3) input.
     """
-    arr = _check_image(arr)
+    arr = checked(arr)
     if isinstance(kernel_size, int):
         kernel_size = [kernel_size, kernel_size]
     if not isinstance(kernel_size, (list, tuple)) or len(kernel_size) != 2:
@@ -511,7 +503,7 @@ def pad(arr: np.ndarray, padding, fill=0, padding_mode: str = "constant") -> np.
     oddly (non-int padding, unknown mode, fill of the wrong length, a crop larger than the
     image), when the result would be empty, and for a non-uint8 or non-(H, W, 1|3) input.
     """
-    arr = _check_image(arr)
+    arr = checked(arr)
     left, top, right, bottom = _padding_sides(padding)
     if padding_mode != "constant" and padding_mode not in _BORDERS:
         raise NotImplementedError(f"padding_mode {padding_mode!r}")

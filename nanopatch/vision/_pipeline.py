@@ -138,7 +138,8 @@ def finish(value: Any) -> Any:
 
 
 def pillow(px: Pixels, stock_op, *args, **kwargs) -> Pixels:
-    """Stock's own PIL op (rotations and affine warps: Pillow's C loops beat an ndarray version)."""
+    """Stock's own op on the PIL image stock would hold here (rotations, affine warps, and the
+    colour ops where Pillow is faster)."""
     return px.with_pil(stock_op(px.pil(), *args, **kwargs))
 
 

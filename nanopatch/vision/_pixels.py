@@ -41,6 +41,16 @@ def to_pil(arr: np.ndarray):
     return Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if arr.shape[2] == 1 else arr))
 
 
+def checked(arr: object) -> np.ndarray:
+    """``arr`` as a C-contiguous (H, W, 1 or 3) uint8 array with pixels, else NotImplementedError
+    (the kernels' check of their input)."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3):
+        raise NotImplementedError("expected an (H, W, 1 or 3) uint8 array")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise NotImplementedError("empty image")
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
 def contiguous(arr: np.ndarray) -> np.ndarray:
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
