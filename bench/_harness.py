@@ -288,6 +288,21 @@ class LoadMeter:
         return max(0.0, busy - self.busy - own_cpu_s) / (wall * (os.cpu_count() or 1))
 
 
+def clean_env(cleared: Sequence[str] = (), prefixes: tuple[str, ...] = ("NANOPATCH_",)) -> dict[str, str]:
+    """This environment without the variables ``cleared`` or starting with ``prefixes`` (no
+    NANOPATCH_* setting from outside: a variant is what its command line or arguments say), with
+    this checkout's nanopatch first on PYTHONPATH and unbuffered output."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nanopatch")
+    assert spec is not None and spec.origin is not None
+    package_parent = str(Path(spec.origin).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k not in cleared and not k.startswith(prefixes)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 def run_process_group(argv: list[str], *, env: dict[str, str], cwd: str, log_path: Path, timeout: float):
     """Run ``argv`` as its own session, output to ``log_path``, reaping what it leaves behind.
     Returns (exit code or None on timeout, wall seconds, other load): the CPU time the rest of the
@@ -440,6 +455,11 @@ def plural(n: int, word: str) -> str:
 def one_line(text: object, limit: int = 240) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cell(text: object) -> str:
+    """``text`` on one line, fit for a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "/")
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -747,7 +747,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             print(f"- warning: `{row['variant']}`: {d['load_warning']}")
     for row in report["rows"]:
         if row.get("failed_runs"):
-            print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {one_line(row['error'])}")
+            print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {h.cell(row['error'])}")
     print(
         "\nRate: samples of all processes / the slowest process's time for the timed steps, median over the "
         "rounds. x ...: ratio of the medians (per round in brackets where there were several rounds). target: "
@@ -760,13 +760,9 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(f"\nCommand: `{report['command']}`; run took {report['seconds']:.0f} s.")
 
 
-def one_line(text: str) -> str:
-    return h.one_line(text, 10**6).replace("|", "/")
-
-
 def cells(row: dict[str, Any], second: bool) -> list[str]:
     if row["rate"] is None:
-        return [row["variant"], "failed", *[""] * (7 if second else 6), one_line(row.get("error", "?"))]
+        return [row["variant"], "failed", *[""] * (7 if second else 6), h.cell(row.get("error", "?"))]
     d = row["details"]
     low, high = row["spread"]
 

@@ -233,19 +233,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
 def run_env() -> dict[str, str]:
     """No caller's tuning, torchrun or NANOPATCH_* settings; this checkout's nanopatch importable."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("nanopatch")
-    assert spec is not None and spec.origin is not None
-    package_parent = str(Path(spec.origin).resolve().parent.parent)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in CLEARED and not k.startswith(("NANOPATCH_", "TORCHELASTIC_", "TORCH_NCCL", "KMP_"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return h.clean_env(CLEARED, ("NANOPATCH_", "TORCHELASTIC_", "TORCH_NCCL", "KMP_"))
 
 
 def command(key: str, args: argparse.Namespace, out: str) -> list[str]:
@@ -444,7 +432,7 @@ def print_markdown(report: dict[str, Any]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for row in report["rows"]:
         if row["rate"] is None:
-            error = " ".join(str(row.get("error", "?")).split()).replace("|", "/")
+            error = h.cell(row.get("error", "?"))
             print(f"| {row['variant']} | failed |  |  |  |  |  | {error} |")
             continue
         d = row["details"]

@@ -479,19 +479,6 @@ class Worker:
         self.stderr.close()
 
 
-def worker_env() -> dict[str, str]:
-    """The workers' environment: no NANOPATCH_* settings from outside (a variant is what its
-    patch_torch() arguments say), and this checkout's nanopatch importable in every interpreter."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("nanopatch")
-    assert spec is not None and spec.origin is not None
-    package_parent = str(Path(spec.origin).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOPATCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def ipex_interpreter(given: str | None, env: dict[str, str]) -> tuple[str | None, str]:
     """(python, why) for the ipex variants: ``given`` or else this interpreter, if its IPEX
     matches its torch (nanopatch's own check, from package metadata: importing a mismatched
@@ -680,7 +667,7 @@ def print_markdown(report: dict[str, Any]) -> None:
         for row in rows:
             variant = row["variant"]
             if row["status"] != "ok":
-                error = " ".join(row["error"].split()).replace("|", "/")
+                error = h.cell(row["error"])
                 print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  |  | {error} |")
                 continue
             target = row["target_x_stock"]
@@ -778,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log = h.log
     started = time.perf_counter()
-    env = worker_env()
+    env = h.clean_env()
     machine = h.machine_facts("intel-extension-for-pytorch")
     pythons = {v: sys.executable for v in variants if v not in IPEX_VARIANTS}
     skipped: dict[str, str] = {}
