@@ -25,9 +25,9 @@ import torchvision.transforms.functional as F
 
 from .. import _patching, config
 from . import functional as fn
+from ._originals import original
 from ._pixels import Pixels
 from .datasets import ACCEPTS_ENCODED
-from .patch import original
 
 
 def stock_class(module, name: str) -> type:

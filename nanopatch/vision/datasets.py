@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import decode as _decode
-from .patch import original as _original
+from ._originals import original as _original
 
 #: A transform that sets this attribute true accepts an EncodedImage or a uint8 ndarray
 #: (HWC RGB, or HW for a grayscale dataset) wherever stock would pass it a PIL image.

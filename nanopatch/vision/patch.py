@@ -3,13 +3,9 @@ is imported (or at once if it already is) and undone exactly by the engine's jou
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _patching
 from .._log import log_once
-
-#: The engine's name for this target (its journal records are filed under it).
-TARGET = "vision"
+from ._originals import original
 
 #: torchvision versions this target is written against (its loader, dataset and transform internals).
 SUPPORTED = {"torchvision": ">=0.15"}
@@ -53,19 +49,6 @@ def patch(config) -> None:
     for name in transforms_v2.__all__:
         ours = getattr(transforms_v2, name)
         _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
-
-
-def original(owner: Any, name: str) -> Any:
-    """What ``owner.name`` was before this target replaced it: the engine's journal records it
-    while the target is applied; otherwise the attribute is stock's own. Raw, as stored in
-    ``owner.__dict__`` (a ``staticmethod`` stays one)."""
-    record = _patching._journal._index.get((TARGET, id(owner), name))
-    if isinstance(record, _patching.Record) and record.owner is owner:
-        return record.original
-    found = _patching.raw_attribute(owner, name)
-    if found is _patching.NOTSET or getattr(found, "__module__", "").startswith("nanopatch."):
-        raise RuntimeError(f"nanopatch: no record of the stock {_patching._qualname(owner)}.{name}")
-    return found
 
 
 def torchvision_version() -> str:
