@@ -155,7 +155,8 @@ def installed(distribution: str) -> str | None:
 
 
 def git_state() -> dict[str, Any]:
-    """The checkout's commit, whether tracked files changed, and which under nanopatch/."""
+    """The checkout's commit, whether tracked files changed, and what changed under nanopatch/
+    (untracked files too: they are what the nanopatch variants import)."""
 
     def git(*words: str) -> str | None:
         try:
@@ -165,10 +166,11 @@ def git_state() -> dict[str, Any]:
         return done.stdout if done.returncode == 0 else None
 
     changed = git("status", "--porcelain", "--untracked-files=no")
+    ours = git("status", "--porcelain", "--", "nanopatch") or ""
     return {
         "commit": (git("rev-parse", "HEAD") or "").strip() or None,
         "dirty": None if changed is None else bool(changed.strip()),
-        "nanopatch_changes": [line[3:] for line in (changed or "").splitlines() if line[3:].startswith("nanopatch/")],
+        "nanopatch_changes": [line[3:] for line in ours.splitlines()],
     }
 
 
