@@ -226,6 +226,15 @@ class Journal:
             else:
                 setattr(record.owner, record.name, record.original)
 
+    def original(self, target: str, owner: Any, name: str) -> Any:
+        """The raw original ``target`` recorded for ``owner.name`` (NOTSET: it did not exist),
+        or ``owner.name`` as stored now when ``target`` has not replaced it."""
+        with self._lock:
+            record = self._index.get((target, id(owner), name))
+        if isinstance(record, Record) and record.owner is owner:
+            return record.original
+        return raw_attribute(owner, name)
+
     def records(self, target: str | None = None) -> list[Record]:
         """The module and class attributes replaced (by ``target``)."""
         with self._lock:
@@ -317,6 +326,12 @@ def current_target() -> str:
 def replace(owner: Any, name: str, new: Any) -> None:
     """Set ``owner.name = new``, recording the original for exact undo."""
     _journal.replace(_current_target(), owner, name, new)
+
+
+def original(target: str, owner: Any, name: str) -> Any:
+    """What ``owner.name`` was before ``target`` replaced it (raw), or what it is now if
+    ``target`` has not replaced it: the journal's record, never a copy."""
+    return _journal.original(target, owner, name)
 
 
 def set_on(target: str, obj: Any, name: str, value: Any) -> None:

@@ -24,6 +24,8 @@ from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 from data import make_corpus
 from data.make_corpus import HUGE_SIZE, app_segments, build, jpeg_segments, photo, scan_range
 
+pytestmark = pytest.mark.selfcheck
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SOF_BASELINE, SOF_PROGRESSIVE = 0xC0, 0xC2
 

@@ -15,10 +15,7 @@ def original(owner: Any, name: str) -> Any:
     """What ``owner.name`` was before this target replaced it: the engine's journal records it
     while the target is applied; otherwise the attribute is stock's own. Raw, as stored in
     ``owner.__dict__`` (a ``staticmethod`` stays one)."""
-    record = _patching._journal._index.get((TARGET, id(owner), name))
-    if isinstance(record, _patching.Record) and record.owner is owner:
-        return record.original
-    found = _patching.raw_attribute(owner, name)
+    found = _patching.original(TARGET, owner, name)
     if found is _patching.NOTSET or getattr(found, "__module__", "").startswith("nanopatch."):
         raise RuntimeError(f"nanopatch: no record of the stock {_patching._qualname(owner)}.{name}")
     return found
