@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from nanopatch import config
+
 from conftest import REPO_ROOT, run_python
 
 
@@ -66,8 +68,10 @@ def test_quick_tiny_run_writes_json(tmp_path):
     # inside the model, in a training step: a forward hook on the first convolution saw what it
     # computed in and whether its input was channels-last
     probes = {v: r["setup"]["observed"]["probe"] for v, r in rows.items()}
-    for probe in probes.values():
-        assert probe["layer"] == "0 (Conv2d)" and probe["calls"] == 1 and probe["inputs_4d"] == 1
+    ipex = config.ipex_compatibility()[0]  # patch_torch()'s defaults turn IPEX on where it is usable
+    for variant, probe in probes.items():
+        layer = "0 (_IPEXConv2d)" if variant == "patched" and ipex else "0 (Conv2d)"
+        assert probe["layer"] == layer and probe["calls"] == 1 and probe["inputs_4d"] == 1, probe
     assert probes["stock"]["dtypes"] == {"float32": 1} and probes["stock"]["channels_last"] == 0
     # by-hand: the script edited for bf16 autocast and channels-last, without nanopatch
     assert probes["by-hand"]["dtypes"] == {"bfloat16": 1} and probes["by-hand"]["channels_last"] == 1
@@ -75,7 +79,10 @@ def test_quick_tiny_run_writes_json(tmp_path):
     assert probes["patched"]["dtypes"] == {"bfloat16": 1} and probes["patched"]["channels_last"] == 1
     for variant in ("by-hand", "patched"):
         seen = rows[variant]["setup"]["observed"]
-        assert seen["compute_dtype"] == "bfloat16" and seen["conv_weight_channels_last"] is True
+        # IPEX's convolution holds its weight prepacked: no plain weight to read a layout from
+        layout = None if variant == "patched" and ipex else True
+        assert seen["compute_dtype"] == "bfloat16" and seen["conv_weight_channels_last"] is layout, seen
+    assert rows["patched"]["setup"]["observed"]["ipex_imported"] is ipex
     assert stock["setup"]["observed"]["compute_dtype"] == "float32"
     assert stock["setup"]["observed"]["conv_weight_channels_last"] is False
     assert "inside bf16 / channels-last" in proc.stdout and "inside fp32 / contiguous" in proc.stdout
