@@ -266,18 +266,10 @@ class LrWarmup:
                 self._handles.append(optimizer.register_step_pre_hook(self._pre))
                 self._handles.append(optimizer.register_step_post_hook(self._post))
             else:  # IPEX's fused step, an instance attribute: torch's step hooks never see it
-                self._covered.append((optimizer, own, self._cover(optimizer, own)))
+                from .training.optim import around_step
 
-    def _cover(self, optimizer: Any, own: Any) -> Any:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            self._pre(optimizer, args, kwargs)
-            try:
-                return own(*args, **kwargs)
-            finally:
-                self._post(optimizer, args, kwargs)
-
-        optimizer.step = step
-        return step
+                step = optimizer.step = around_step(optimizer, own, self._pre, self._post)
+                self._covered.append((optimizer, own, step))
 
     def detach(self) -> None:
         for handle in self._handles:

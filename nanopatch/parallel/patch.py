@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib.util
 import logging
@@ -48,6 +49,7 @@ from torch.utils import data as tud
 from .. import _patching
 from .._log import log_once
 from ..training import patch as training
+from ..training.optim import around_step
 from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
@@ -343,16 +345,7 @@ def _cover_instance_step(optimizer: Any) -> None:
     if own is None or optimizer in _instance_steps:
         return
     _instance_steps[optimizer] = own
-
-    def step(*args: Any, **kwargs: Any) -> Any:
-        changed = _pre_step(optimizer, (optimizer, *args), kwargs, instance=True)
-        if changed is not None:
-            args, kwargs = changed[0][1:], changed[1]
-        try:
-            return own(*args, **kwargs)
-        finally:
-            _post_step(optimizer, args, kwargs)
-
+    step = around_step(optimizer, own, functools.partial(_pre_step, instance=True), _post_step)
     _patching.set_on(TARGET, optimizer, "step", step)
 
 

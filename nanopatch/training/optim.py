@@ -10,6 +10,7 @@ flags unset. The flags are taken out of ``optimizer.state_dict()`` again (and pu
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 
@@ -118,3 +119,21 @@ def _reapply(optimizer: torch.optim.Optimizer) -> None:
     for i in changed:
         if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
             optimizer.param_groups[i][flag] = True
+
+
+def around_step(optimizer: torch.optim.Optimizer, own: Any, pre: Any, post: Any) -> Any:
+    """A ``step`` that runs ``pre`` and ``post`` around ``own``, an instance-level step (IPEX's
+    fused one), which torch's step hooks never see. Torch's hook convention: both get
+    ``(optimizer, args, kwargs)`` with the optimizer first in ``args``; ``pre`` may return new
+    ``(args, kwargs)``. ``post`` runs even when the step raises."""
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        changed = pre(optimizer, (optimizer, *args), kwargs)
+        if changed is not None:
+            args, kwargs = tuple(changed[0][1:]), changed[1]
+        try:
+            return own(*args, **kwargs)
+        finally:
+            post(optimizer, (optimizer, *args), kwargs)
+
+    return step
