@@ -37,6 +37,8 @@ OPTIONS: dict[str, str] = {
     "fast_decode": "bool",
     "data_parallel": "bool",
     "auto_lr": "bool",
+    "fast_dropout": "bool",
+    "malloc_reuse": "bool",
 }
 
 _DEFAULTS: dict[str, Any] = {
@@ -47,6 +49,8 @@ _DEFAULTS: dict[str, Any] = {
     "fast_decode": True,
     "data_parallel": False,
     "auto_lr": True,
+    "fast_dropout": True,
+    "malloc_reuse": True,
 }
 
 
@@ -108,6 +112,8 @@ class Config:
     fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
     data_parallel: bool  # data-parallel over torch.distributed (on in `--nproc` processes)
     auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel
+    fast_dropout: bool  # dropout masks in an accelerated training forward from a faster generator
+    malloc_reuse: bool  # glibc malloc keeps freed memory for reuse (no other allocator loaded)
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 

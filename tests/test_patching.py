@@ -121,6 +121,8 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
         "fast_decode",
         "data_parallel",
         "auto_lr",
+        "fast_dropout",
+        "malloc_reuse",
     }
     import json
 

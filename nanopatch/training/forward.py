@@ -27,7 +27,7 @@ from torch import nn
 
 from .. import _patching
 from .._log import log_once, warn_once
-from . import amp
+from . import amp, dropout
 from . import memory_format as mf
 from .plan import TARGET, Plan, config, data_parallel, local, tls
 
@@ -91,7 +91,8 @@ class AcceleratedForward(_InstanceForward):
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
             forward = data_parallel().through(plan.ddp, forward)
         probe = Probe() if training and plan.training_calls % PROBE_EVERY == 0 else None
-        with probe if probe is not None else _nothing:
+        masks = _fast_masks(plan) if training else _nothing
+        with probe if probe is not None else _nothing, masks:
             if dtype is None:
                 out = forward(*args, **kwargs)
             else:
@@ -128,6 +129,35 @@ class ours:
     def __exit__(self, *exc: Any) -> None:
         local.ours -= 1
         self._autocast.__exit__(*exc)
+
+
+class _FastMasks:
+    """:class:`dropout.FastBernoulli` for the outermost accelerated training call of a thread."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._mode: dropout.FastBernoulli | None = None
+
+    def __enter__(self) -> None:
+        if tls("masks", 0) == 0:
+            self._mode = dropout.FastBernoulli()
+            self._mode.__enter__()
+        local.masks += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        local.masks -= 1
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(*exc)
+            if mode.drawn:
+                self._plan.fast_dropout = True
+
+
+def _fast_masks(plan: Plan) -> Any:
+    active = config()
+    if active is None or not active.fast_dropout or plan.compile_mode:
+        return _nothing
+    return _FastMasks(plan)
 
 
 #: a training call in this many is probed for the dtype its layers computed in

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _patching, runtime
+from .. import _malloc, _patching, runtime
+from .._log import log_once
 from . import discovery
 from . import forward as fw
 from .plan import TARGET, lock, plans, state
@@ -45,6 +46,8 @@ def patch(config: Any) -> None:
         from torch.utils.data import dataloader
 
         _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
+    if getattr(config, "malloc_reuse", False):
+        _keep_freed_memory()
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
@@ -56,6 +59,13 @@ def patch(config: Any) -> None:
                 plan.installed = True  # its forward never left: it is accelerated again
         if not _patching.applied_on_import():  # torch only now imported: no optimizer exists yet
             discovery.scan()
+
+
+def _keep_freed_memory() -> None:
+    done, what = _malloc.keep_freed_memory()
+    if done:
+        _patching.on_undo(TARGET, _malloc.restore_defaults, what)
+    log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
 
 
 def unpatch() -> None:

@@ -90,6 +90,7 @@ class Plan:
     training_calls: int = 0
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
+    fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
@@ -114,6 +115,7 @@ class Plan:
             "training_calls": self.training_calls,
             "computed_in": self.computed_in,
             "autocast": self.autocast,
+            "fast_dropout": self.fast_dropout,
         }
 
     def summary(self) -> str:
@@ -128,6 +130,8 @@ class Plan:
             parts.append("channels-last")
         if self.ipex:
             parts.append("IPEX")
+        if self.fast_dropout:
+            parts.append("fast dropout masks")
         parts.extend(note for note in self.notes if note.endswith(" step"))
         if self.ddp is not None:
             parts.append("data-parallel")
