@@ -13,6 +13,10 @@ heap layout and glibc's malloc thresholds, so a single process is a single draw 
 * ``PyTurboJPEG decode`` and ``OpenCV decode``: the raw decoders (file read included).
 * ``nanopatch DCT-scaled (min 224)``: ``nanopatch.vision.decode.decode(path, min_size=(224, 224))``.
 * ``Pillow draft (min 224)``: Pillow's own DCT scaling to the same reduction, for reference.
+* ``nanopatch crop (RRC box)``: ``decode(path, box=...)`` of a RandomResizedCrop(224) box (one
+  fixed box per file, drawn with torchvision's ``get_params`` under a seed from the file name):
+  on libjpeg-turbo 3 only that region is decoded, else the whole image and the box cut. Its
+  pixels must equal the stock loader's cut to the box (checked).
 
 Patches are applied once per process (``nanopatch.patch_torch()``), and each process first
 asserts that the stock and nanopatch loaders give identical pixels on every image. Reports
@@ -49,6 +53,7 @@ GENERATOR_VERSION = 1
 SIZES = ((500, 375), (2400, 1800))  # (width, height)
 MIN_SIZE = (224, 224)  # (h, w) for the DCT-scaled variants
 STOCK = "stock loader"
+CROP = "nanopatch crop (RRC box)"
 #: (variant, size) -> minimum ratio vs stock, from the issue. Printed, never asserted.
 TARGETS = {
     ("nanopatch loader", (500, 375)): 2.0,
@@ -256,6 +261,29 @@ def machine(cpu: int) -> dict[str, Any]:
 # --- the variants --------------------------------------------------------------------------
 
 
+_BOXES: dict[Path, tuple[int, int, int, int]] = {}
+
+
+def rrc_box(path: Path) -> tuple[int, int, int, int]:
+    """A RandomResizedCrop(224) box (top, left, height, width) for ``path``: torchvision's own
+    ``get_params`` under a seed from the file name, drawn once (outside the timed region)."""
+    box = _BOXES.get(path)
+    if box is None:
+        import zlib
+
+        import torch
+        from PIL import Image
+        from torchvision.transforms import RandomResizedCrop
+
+        with Image.open(path) as img:
+            width, height = img.size
+        with torch.random.fork_rng():
+            torch.manual_seed(zlib.crc32(Path(path).name.encode()))
+            box = RandomResizedCrop.get_params(torch.empty(()).expand(3, height, width), (0.08, 1.0), (3 / 4, 4 / 3))
+        box = _BOXES[path] = tuple(int(v) for v in box)
+    return box
+
+
 def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
     """The functions to time, after ``patch_torch()``, and what each one calls."""
     import cv2
@@ -278,7 +306,7 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
         assert folder.pil_loader is stock_loader
     assert folder.pil_loader is fast_loader
 
-    turbo = TurboJPEG()
+    turbo = TurboJPEG(lib_path=os.environ.get(np_decode.TURBOJPEG_LIB_VARIABLE) or None)  # the library nanopatch uses
     rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)
     cv_flags = (rgb_flag if rgb_flag is not None else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
 
@@ -309,6 +337,12 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
             img.draft("RGB", (width // factor, height // factor))  # Pillow picks exactly 1/factor
             return img.convert("RGB")
 
+    def crop_box(path: Path):
+        return rrc_box(path)
+
+    def crop(path: Path):
+        return np_decode.decode(path, box=crop_box(path))
+
     def where(fn: Callable[..., Any]) -> str:
         return f"{fn.__module__}.{fn.__qualname__}"
 
@@ -320,6 +354,7 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
         "torchvision.io decode_jpeg": torchvision_io,
         "nanopatch DCT-scaled (min 224)": dct_scaled,
         "Pillow draft (min 224)": pillow_draft,
+        CROP: crop,
     }
     flag_name = "IMREAD_COLOR_RGB" if rgb_flag is not None else "IMREAD_COLOR (BGR: no IMREAD_COLOR_RGB here)"
     calls = {
@@ -330,6 +365,8 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
         "torchvision.io decode_jpeg": "torchvision.io.decode_jpeg(torchvision.io.read_file(path)) (left stock)",
         "nanopatch DCT-scaled (min 224)": f"{where(np_decode.decode)}(path, min_size={MIN_SIZE})",
         "Pillow draft (min 224)": "Image.open(f); img.draft('RGB', (w // k, h // k)); img.convert('RGB')",
+        CROP: f"{where(np_decode.decode)}(path, box=RandomResizedCrop box): "
+        + ("libjpeg-turbo 3 region decode" if np_decode.region_decoder() is not None else "whole decode, box cut"),
     }
     return funcs, calls
 
@@ -364,6 +401,10 @@ def verify(funcs: dict[str, Callable[[Path], Any]], paths: dict) -> dict[str, An
                 shapes[name].add(array.shape)
                 kinds[name] = "PIL" if isinstance(value, Image.Image) else type(value).__name__
                 reference = draft if name == "nanopatch DCT-scaled (min 224)" else stock
+                if name == CROP:
+                    top, left, box_h, box_w = rrc_box(path)
+                    reference = stock[top : top + box_h, left : left + box_w]
+                    assert np.array_equal(array, reference), f"crop decode != stock cut on {path}"
                 if name != "Pillow draft (min 224)":
                     same[name] &= array.shape == reference.shape and bool(np.array_equal(array, reference))
         for name in funcs:
@@ -372,6 +413,8 @@ def verify(funcs: dict[str, Callable[[Path], Any]], paths: dict) -> dict[str, An
                 match = "= Pillow draft" if same[name] else "!= Pillow draft"
             elif name == "Pillow draft (min 224)":
                 match = ""
+            elif name == CROP:
+                match = "= stock cut" if same[name] else "!= stock cut"
             else:
                 match = "= stock" if same[name] else "!= stock"
             outputs.setdefault(name, {})[size_name(size)] = {

@@ -16,6 +16,10 @@ in these variants:
   (full-resolution decode: same pixels as stock, checked).
 * ``nanopatch fast decode``: after ``patch_torch(training=False, fast_decode=True)`` (DCT-scaled
   decode where the pipeline allows it).
+
+Both nanopatch variants decode only RandomResizedCrop's box where libturbojpeg is libjpeg-turbo 3
+(exact: the same pixels as the whole decode cut; the report says whether it is on). To time them
+without it on such a machine, run with ``NANOPATCH_CROP_DECODE=0``.
 * ``albumentations``: the equivalent albumentations pipelines on ``cv2.imread`` + BGR2RGB over the
   same files (left out, with a note, when albumentations is not installed).
 
@@ -205,6 +209,17 @@ class PatchStates:
         self.current = variant
 
 
+def crop_decode_state() -> str:
+    """Whether RandomResizedCrop decodes only its box here (libjpeg-turbo 3), and why not."""
+    from nanopatch.vision import decode as np_decode
+
+    if os.environ.get(np_decode.CROP_DECODE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"off ({np_decode.CROP_DECODE_VARIABLE}=0): whole decode, box cut"
+    if np_decode.region_decoder() is not None:
+        return "on: libjpeg-turbo 3 region decode (tj3SetCroppingRegion, one-iMCU margin)"
+    return "unavailable (libturbojpeg has no TurboJPEG 3 API, or another backend): whole decode, box cut"
+
+
 def where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
@@ -241,6 +256,7 @@ def implementation(variant: str, datasets: dict[str, Any], states: PatchStates) 
     info["getitem"] = where(folder.DatasetFolder.__dict__["__getitem__"])
     info["pipeline_gets_encoded_file"] = encoded
     info["loader"] = f"{' / '.join(sorted(loaders))} -> {where(folder.pil_loader)}"
+    info["crop_decode"] = crop_decode_state()
     stock_classes = all(module.startswith("torchvision.") for module in classes)
     if variant == STOCK:
         for name, dataset in datasets.items():
@@ -526,6 +542,8 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             print(f"      __getitem__ {impl['getitem']}")
             print(f"      loader      {impl['loader']}")
             print(f"      pipelines handed the file undecoded: {encoded} of {len(impl['pipeline_gets_encoded_file'])}")
+            if "crop_decode" in impl:
+                print(f"      crop-aware decode (RandomResizedCrop): {impl['crop_decode']}")
         else:
             print(f"      reads       {impl['reads']}")
     print()

@@ -24,6 +24,7 @@ import torch
 import torchvision.transforms.functional as F
 
 from .. import _patching, config
+from . import decode as _decode
 from . import functional as fn
 from ._originals import original
 from ._pixels import Pixels
@@ -183,23 +184,33 @@ def warn_antialias_ignored() -> None:
     )
 
 
-def _scaled_box(top, left, height, width, sy, sx, shape) -> tuple[int, int, int, int]:
-    """A crop box in full-resolution coordinates, on an image decoded at (sy, sx) of it."""
-    y0, y1 = round(top * sy), round((top + height) * sy)
-    x0, x1 = round(left * sx), round((left + width) * sx)
-    y0, x0 = min(max(y0, 0), shape[0] - 1), min(max(x0, 0), shape[1] - 1)
-    return y0, x0, max(min(y1, shape[0]) - y0, 1), max(min(x1, shape[1]) - x0, 1)
-
-
 def resized_crop_pixels(px: Pixels, top: int, left: int, height: int, width: int, size, interpolation) -> Pixels:
     """Crop a box given in full-resolution coordinates and resize it to ``size`` (h, w); an
-    undecoded JPEG is decoded DCT-scaled as far as keeps the box at least ``size``."""
+    undecoded JPEG is decoded DCT-scaled as far as keeps the box at least ``size`` (when fast
+    decode is on), and only the box is decoded where the decoder can (``decode.decode``'s
+    ``box``: the very pixels of the whole decode cut there, so this is exact either way)."""
     out_h, out_w = size
     _, full_h, full_w = px.dims()
     need = (math.ceil(out_h * full_h / max(height, 1)), math.ceil(out_w * full_w / max(width, 1)))
+    box = (int(top), int(left), int(height), int(width))
+    if (
+        px.encoded
+        and fn.is_pil_filter(interpolation)
+        and box[2] > 0
+        and box[3] > 0
+        and box[0] >= 0
+        and box[1] >= 0
+        and box[0] + box[2] <= full_h
+        and box[1] + box[3] <= full_w
+    ):
+        pixels = px.box(box, need if fast_decode_enabled() else None)
+        try:
+            return px.with_array(fn.resize(pixels, [out_h, out_w], interpolation))
+        except NotImplementedError:
+            pass  # the steps below decide (and decode again: a size the kernels do not take)
     arr, sy, sx = scaled_decode(px, need)
     if (sy, sx) != (1.0, 1.0):
-        top, left, height, width = _scaled_box(top, left, height, width, sy, sx, arr.shape)
+        top, left, height, width = _decode.scaled_box((top, left, height, width), (full_h, full_w), arr.shape[:2])
     try:
         return px.with_array(fn.resized_crop(arr, top, left, height, width, [out_h, out_w], interpolation))
     except NotImplementedError:

@@ -217,6 +217,18 @@ class Pixels:
                 self._arr = arr
         return self._arr
 
+    def box(self, box: tuple[int, int, int, int], min_size: tuple[int, int] | None = None) -> np.ndarray:
+        """(h, w, C) uint8: the pixels of ``box`` = (top, left, height, width), full-resolution
+        coordinates inside the image. Pixels in hand are cut (a view); an encoded file decodes
+        that box only (DCT-scaled to keep the whole image at least ``min_size`` when given, the
+        box then mapped onto that scale), the same pixels as the whole decode cut there, and
+        nothing is kept: it is not the image."""
+        if self._arr is None and self._pil is None:
+            arr = self._enc.decode(min_size=min_size, box=box)
+            return arr[:, :, None] if arr.ndim == 2 else arr
+        top, left, height, width = box
+        return self.array()[top : top + height, left : left + width]
+
     def pil(self):
         """The PIL image stock would hold here (the stock loader's, for an encoded file)."""
         if self._pil is None:

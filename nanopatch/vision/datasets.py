@@ -88,11 +88,16 @@ class EncodedImage:
                 self._size = (self._header.width, self._header.height)
         return self._size
 
-    def decode(self, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
+    def decode(
+        self, min_size: tuple[int, int] | None = None, mode: str = "RGB", box: _decode.Box | None = None
+    ) -> np.ndarray:
         """HWC RGB (or HW for ``mode="L"``) uint8 pixels; at least ``min_size`` (h, w) when a
-        DCT-scaled decode is possible, else full size."""
+        DCT-scaled decode is possible, else full size. ``box=(top, left, height, width)``, in
+        full-resolution coordinates inside the image: that box only (see ``decode.decode``)."""
         fallback = self.path if self.path is not None else self.data
-        return _decode.decode_data(self.data, fallback=fallback, min_size=min_size, mode=mode, header=self._header)
+        return _decode.decode_data(
+            self.data, fallback=fallback, min_size=min_size, mode=mode, header=self._header, box=box
+        )
 
     def to_pil(self):
         """What ``torchvision.datasets.folder.pil_loader`` returns for this file (the bytes

@@ -15,10 +15,28 @@ stock torchvision raises, and an unusual one gets exactly stock's pixels.
 ``min_size=(h, w)`` asks for a DCT-scaled decode: the largest libjpeg-turbo reduction (1/2,
 1/4, 1/8) whose result is still at least that size. That is what transforms use to fuse
 decoding with the first resize or crop.
+
+``box=(top, left, height, width)`` asks for one box of the image only (a crop). With
+libjpeg-turbo 3 (the TurboJPEG 3 API, ``tj3SetCroppingRegion``) only the rows down to the box's
+bottom are entropy-decoded and only its columns inverse-transformed, upsampled and converted.
+libjpeg-turbo treats the edges of such a partial decode as image edges (it replicates the
+chroma samples there instead of interpolating with the neighbours), so the region decoded is
+the box widened by one iMCU on every side that is not the image's own edge, and the box is cut
+from it in pixel space: every pixel of the box is then computed from exactly the samples a full
+decode uses, and equals the same pixel of a full decode (at the same DCT scale) bit for bit.
+Progressive JPEGs (read whole before any output anyway, and their block smoothing reaches
+further than one iMCU when scans are missing), files with markers inside the scan data (which
+libjpeg might fail on below the box, where a region decode never looks), libjpeg-turbo 2.x (no
+region decode in its TurboJPEG API; its lossless crop costs more than it saves) and OpenCV
+decode the whole image and cut the box from it: the same pixels.
+The region decoder proves itself against full decodes on first use, and is dropped (logged
+once) if it cannot; ``NANOPATCH_CROP_DECODE=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import io
 import logging
@@ -51,6 +69,8 @@ DECODER_VARIABLE = "NANOPATCH_DECODER"
 #: Environment variable with the path of the libturbojpeg to load (default: the system's).
 TURBOJPEG_LIB_VARIABLE = "NANOPATCH_TURBOJPEG_LIB"
 _BACKENDS = ("auto", "turbojpeg", "opencv", "pil")
+#: Environment variable: ``0`` turns the crop-aware (region) JPEG decode off (default: on where exact).
+CROP_DECODE_VARIABLE = "NANOPATCH_CROP_DECODE"
 
 Source = Any  # str | os.PathLike | bytes | bytearray | memoryview | np.ndarray of uint8
 
@@ -217,9 +237,26 @@ def parse_jpeg_header(data) -> JpegHeader | None:
     return None
 
 
-_backend_lock = threading.Lock()
-_UNLOADED: Any = object()
-_backend: _Backend | None = _UNLOADED  # None: no fast backend, Pillow decodes
+class _Once:
+    """A value made by ``load()`` on first use, once per process (until :meth:`forget`)."""
+
+    _UNLOADED: Any = object()
+
+    def __init__(self, load: Any) -> None:
+        self._load = load
+        self._lock = threading.Lock()
+        self._value = self._UNLOADED
+
+    def get(self) -> Any:
+        if self._value is self._UNLOADED:
+            with self._lock:
+                if self._value is self._UNLOADED:
+                    self._value = self._load()
+        return self._value
+
+    def forget(self) -> None:
+        with self._lock:
+            self._value = self._UNLOADED
 
 
 def _calibration_jpegs() -> list[bytes]:
@@ -289,21 +326,275 @@ def _load_backend() -> _Backend | None:
     return None
 
 
+_backend = _Once(_load_backend)  # None: no fast backend, Pillow decodes
+
+
 def jpeg_backend() -> _Backend | None:
     """The JPEG backend in use in this process (None: Pillow)."""
-    global _backend
-    if _backend is _UNLOADED:
-        with _backend_lock:
-            if _backend is _UNLOADED:
-                _backend = _load_backend()
-    return _backend
+    return _backend.get()
 
 
 def reset_backends() -> None:
-    """Forget the chosen backend (tests switch ``NANOPATCH_DECODER``)."""
-    global _backend
-    with _backend_lock:
-        _backend = _UNLOADED
+    """Forget the chosen backend and region decoder (tests switch ``NANOPATCH_DECODER``)."""
+    _backend.forget()
+    _region.forget()
+
+
+# --- region (crop-aware) decoding ----------------------------------------------------------
+
+# TurboJPEG 3 parameters (tj3Get) and the iMCU size of each subsampling (tjMCUWidth/Height,
+# indexed by TJSAMP_444, 422, 420, GRAY, 440, 411, 441).
+_TJINIT_DECOMPRESS = 1
+_TJPARAM_SUBSAMP = 4
+_TJPARAM_JPEGWIDTH = 5
+_TJPARAM_JPEGHEIGHT = 6
+_TJPARAM_PRECISION = 7
+_TJPARAM_COLORSPACE = 8
+_TJPARAM_PROGRESSIVE = 12
+_TJPARAM_LOSSLESS = 15
+_MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)
+_MCU_HEIGHT = (8, 8, 16, 8, 16, 8, 32)
+
+Box = tuple[int, int, int, int]  # (top, left, height, width)
+
+
+class _Region(ctypes.Structure):  # tjregion
+    _fields_ = [("x", ctypes.c_int), ("y", ctypes.c_int), ("w", ctypes.c_int), ("h", ctypes.c_int)]
+
+
+class _Scaling(ctypes.Structure):  # tjscalingfactor
+    _fields_ = [("num", ctypes.c_int), ("denom", ctypes.c_int)]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def padded_region(size: tuple[int, int], mcu: tuple[int, int], box: Box) -> Box:
+    """The region (top, left, height, width) to decode for ``box`` in an image of ``size`` (h, w)
+    whose iMCUs are ``mcu`` (h, w) pixels (all at the decoding scale): the box widened by one iMCU
+    on each side, its left and top edges on the iMCU grid (where libjpeg-turbo can start), clamped
+    to the image. Every pixel of the box is then at least one iMCU away from a region edge that is
+    not an image edge, so the chroma upsampling (and the context rows after a skip) sees the same
+    samples as in a full decode."""
+    height, width = size
+    mcu_h, mcu_w = mcu
+    top, left, box_h, box_w = box
+    y0 = max((top // mcu_h - 1) * mcu_h, 0)
+    x0 = max((left // mcu_w - 1) * mcu_w, 0)
+    y1 = min(top + box_h + mcu_h, height)
+    x1 = min(left + box_w + mcu_w, width)
+    return y0, x0, y1 - y0, x1 - x0
+
+
+class _RegionDecoder:
+    """libjpeg-turbo 3's partial decompression through its TurboJPEG 3 API (ctypes, on the very
+    library PyTurboJPEG loaded): ``decode(data, factor, box, gray)`` is the box's pixels of the
+    image decoded at 1/``factor``, or None when this file is not for it (then the whole image is
+    decoded and the box cut from it)."""
+
+    def __init__(self, lib_path: str) -> None:
+        lib = ctypes.CDLL(lib_path)
+        if not hasattr(lib, "tj3SetCroppingRegion"):
+            raise RuntimeError(f"{lib_path} has no TurboJPEG 3 API (libjpeg-turbo < 3)")
+        handle, buf, size = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+
+        def bind(name, argtypes, restype=ctypes.c_int):
+            function = getattr(lib, name)
+            function.argtypes = argtypes
+            function.restype = restype
+            return function
+
+        self._init = bind("tj3Init", [ctypes.c_int], ctypes.c_void_p)
+        self._destroy = bind("tj3Destroy", [handle], None)
+        self._header = bind("tj3DecompressHeader", [handle, buf, size])
+        self._get = bind("tj3Get", [handle, ctypes.c_int])
+        self._scaling = bind("tj3SetScalingFactor", [handle, _Scaling])
+        self._cropping = bind("tj3SetCroppingRegion", [handle, _Region])
+        self._decompress = bind("tj3Decompress8", [handle, buf, size, buf, ctypes.c_int, ctypes.c_int])
+        self._local = threading.local()  # a TurboJPEG handle is for one thread at a time
+
+    def _handle(self) -> int:
+        owner = getattr(self._local, "owner", None)
+        if owner is None:
+            raw = self._init(_TJINIT_DECOMPRESS)
+            if not raw:
+                raise MemoryError("tj3Init failed")
+            owner = self._local.owner = _HandleOwner(raw, self._destroy)
+        return owner.raw
+
+    def decode(self, data, factor: int, box: Box, gray: bool) -> np.ndarray | None:
+        handle = self._handle()
+        src = np.frombuffer(data, dtype=np.uint8)
+        address = src.ctypes.data
+        if self._header(handle, address, src.size) != 0:
+            return None
+        get = self._get
+        subsamp = get(handle, _TJPARAM_SUBSAMP)
+        if (
+            not 0 <= subsamp < len(_MCU_WIDTH)
+            or get(handle, _TJPARAM_PRECISION) != 8
+            or get(handle, _TJPARAM_LOSSLESS) != 0
+            or get(handle, _TJPARAM_PROGRESSIVE) != 0
+            or get(handle, _TJPARAM_COLORSPACE) not in (_TJCS_YCBCR, _TJCS_GRAY)
+        ):
+            return None
+        size = (_ceil_div(get(handle, _TJPARAM_JPEGHEIGHT), factor), _ceil_div(get(handle, _TJPARAM_JPEGWIDTH), factor))
+        top, left, box_h, box_w = box
+        if box_h <= 0 or box_w <= 0 or top < 0 or left < 0 or top + box_h > size[0] or left + box_w > size[1]:
+            return None
+        mcu = (_ceil_div(_MCU_HEIGHT[subsamp], factor), _ceil_div(_MCU_WIDTH[subsamp], factor))
+        y, x, h, w = padded_region(size, mcu, box)
+        if y + h < size[0] and not scan_is_clean(data):
+            return None  # it would stop before data on which the whole decode might fail
+        if self._scaling(handle, _Scaling(1, factor)) != 0 or self._cropping(handle, _Region(x, y, w, h)) != 0:
+            return None
+        channels = 1 if gray else 3
+        out = np.empty((h, w, channels), dtype=np.uint8)
+        pixel_format = _TJPF_GRAY if gray else _TJPF_RGB
+        status = self._decompress(handle, address, src.size, out.ctypes.data, w * channels, pixel_format)
+        self._cropping(handle, _Region(0, 0, 0, 0))  # the next header may be smaller
+        if status != 0:  # an error, or a warning (corrupt data): the full decode decides
+            return None
+        out = out[top - y : top - y + box_h, left - x : left - x + box_w]
+        return out[:, :, 0] if gray else out
+
+
+class _HandleOwner:
+    """Destroys a thread's TurboJPEG handle when the thread (its thread-local) goes away."""
+
+    __slots__ = ("_destroy", "raw")
+
+    def __init__(self, raw: int, destroy) -> None:
+        self.raw = raw
+        self._destroy = destroy
+
+    def __del__(self) -> None:
+        try:
+            self._destroy(self.raw)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def scan_is_clean(data) -> bool:
+    """Whether the entropy-coded data after the first SOS holds no marker but restart markers
+    and fill bytes up to the final EOI: one scan, nothing on which libjpeg could fail after the
+    rows a region decode stops at (corrupt entropy data there only warns, and a warning only
+    changes pixels decoded after it). A region decode never reads past the box, so it takes only
+    files whose whole decode cannot fail where it stops looking."""
+    pos, size = 2, len(data)
+    while True:  # walk the marker segments to the first scan
+        if pos + 4 > size or data[pos] != 0xFF:
+            return False
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker in (0xD8, 0xD9) or 0xD0 <= marker <= 0xD7:
+            return False
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+        if marker == 0xDA:
+            break
+    end = size
+    while end > 0 and data[end - 1] == 0:  # zero padding after EOI (has_eoi allows it)
+        end -= 1
+    scan = np.frombuffer(data, dtype=np.uint8, count=max(end - 2 - pos, 0), offset=min(pos, end))
+    marks = np.flatnonzero(scan[:-1] == 0xFF)
+    after = scan[marks + 1]
+    return bool(np.all((after == 0) | (after == 0xFF) | ((after >= 0xD0) & (after <= 0xD7))))
+
+
+def _turbojpeg_lib_path(backend: _TurboJPEG) -> str | None:
+    """The libturbojpeg PyTurboJPEG loaded: the configured one, else where PyTurboJPEG looks."""
+    configured = os.environ.get(TURBOJPEG_LIB_VARIABLE)
+    if configured:
+        return configured
+    finder = getattr(backend._tj, "_TurboJPEG__find_turbojpeg", None)
+    try:
+        return finder() if finder is not None else ctypes.util.find_library("turbojpeg")
+    except Exception:
+        return ctypes.util.find_library("turbojpeg")
+
+
+def _region_boxes(size: tuple[int, int], rng: np.random.Generator, count: int) -> list[Box]:
+    """Boxes inside an image of ``size`` (h, w): random ones, and ones touching each edge."""
+    height, width = size
+    boxes = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1)]
+    for _ in range(count):
+        box_h, box_w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        boxes.append((int(rng.integers(0, height - box_h + 1)), int(rng.integers(0, width - box_w + 1)), box_h, box_w))
+    return boxes
+
+
+def _region_matches_full(region: _RegionDecoder, backend: _Backend) -> bool:
+    """Whether the region decoder gives the very pixels of the backend's full decode, cut, on the
+    calibration JPEGs (every subsampling, DCT scales, boxes anywhere)."""
+    rng = np.random.default_rng(4321)
+    took = 0
+    for data in _calibration_jpegs():
+        header = backend.header(data)
+        if header is None:
+            return False
+        for factor in (1, 2, 8):
+            full = backend.decode(data, factor, header.gray)
+            if full is None:
+                return False
+            for box in _region_boxes(full.shape[:2], rng, 12):
+                got = region.decode(data, factor, box, header.gray)
+                if got is None:
+                    continue  # a file it declines (progressive): the full decode serves it
+                top, left, box_h, box_w = box
+                if not np.array_equal(got, full[top : top + box_h, left : left + box_w]):
+                    return False
+                took += 1
+    return took > 0
+
+
+def _load_region_decoder() -> _RegionDecoder | None:
+    raw = os.environ.get(CROP_DECODE_VARIABLE, "").strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return None
+    backend = jpeg_backend()
+    if not isinstance(backend, _TurboJPEG):
+        return None
+    try:
+        path = _turbojpeg_lib_path(backend)
+        region = _RegionDecoder(path) if path else None
+    except Exception as exc:
+        log_once("decoder-region", "crop-aware JPEG decode unavailable (%s: %s)", type(exc).__name__, exc)
+        return None
+    if region is None:
+        return None
+    if not _region_matches_full(region, backend):
+        log_once(
+            "decoder-region-mismatch",
+            "crop-aware JPEG decode does not reproduce the full decode's pixels with this libjpeg-turbo; not used",
+            level=logging.WARNING,
+        )
+        return None
+    log_once("decoder-region", "crop-aware JPEG decode with libjpeg-turbo 3 (tj3SetCroppingRegion)")
+    return region
+
+
+_region = _Once(_load_region_decoder)  # None: boxes are cut from whole decodes
+
+
+def region_decoder() -> _RegionDecoder | None:
+    """The crop-aware decoder in use in this process (None: boxes are cut from full decodes)."""
+    return _region.get()
+
+
+def scaled_box(box: Box, full_size: tuple[int, int], scaled_size: tuple[int, int]) -> Box:
+    """A box in full-resolution coordinates on an image decoded at ``scaled_size`` (h, w) of its
+    ``full_size``: rounded to the scaled pixel grid, at least one pixel, inside the image."""
+    if scaled_size == full_size:
+        return box
+    top, left, height, width = box
+    sy, sx = scaled_size[0] / full_size[0], scaled_size[1] / full_size[1]
+    y0, y1 = round(top * sy), round((top + height) * sy)
+    x0, x1 = round(left * sx), round((left + width) * sx)
+    y0, x0 = min(max(y0, 0), scaled_size[0] - 1), min(max(x0, 0), scaled_size[1] - 1)
+    return y0, x0, max(min(y1, scaled_size[0]) - y0, 1), max(min(x1, scaled_size[1]) - x0, 1)
 
 
 # --- the public functions ----------------------------------------------------------------
@@ -327,13 +618,21 @@ def jpeg_header(data) -> JpegHeader | None:
 
 
 def decode_fast(
-    data, *, min_size: tuple[int, int] | None = None, mode: str = "RGB", header: JpegHeader | None = None
+    data,
+    *,
+    min_size: tuple[int, int] | None = None,
+    mode: str = "RGB",
+    header: JpegHeader | None = None,
+    box: Box | None = None,
 ) -> np.ndarray | None:
     """Decode JPEG bytes with the fast backend, or return None when stock Pillow must decide.
 
     Returns (H, W, 3) RGB, or (H, W) for ``mode="L"``: a grayscale JPEG's own samples, and for
     a colour JPEG Pillow's RGB->L conversion of the RGB decode (libjpeg's luma is not that).
-    ``header``: :func:`jpeg_header` of ``data`` when the caller has read it already."""
+    ``header``: :func:`jpeg_header` of ``data`` when the caller has read it already.
+    ``box``: (top, left, height, width) inside the image, in full-resolution coordinates: only
+    that box (mapped onto the decoded scale by :func:`scaled_box`), the very pixels of the whole
+    decode cut there; decoded alone where libjpeg-turbo 3 allows it (see the module's notes)."""
     backend = jpeg_backend()
     if backend is None or not is_jpeg(data) or not has_eoi(data):
         return None
@@ -342,25 +641,42 @@ def decode_fast(
     if header is None:
         return None
     _decompression_bomb_check(header.width, header.height)
-    factor = reduction_for((header.height, header.width), min_size)
+    full_size = (header.height, header.width)
+    factor = reduction_for(full_size, min_size)
     gray = mode == "L" and header.gray
-    array = backend.decode(data, factor, gray)
+    array = None
+    if box is not None:
+        scaled_size = (_ceil_div(header.height, factor), _ceil_div(header.width, factor))
+        box = scaled_box(box, full_size, scaled_size)
+        region = region_decoder()
+        if region is not None:
+            array = region.decode(data, factor, box, gray)
+    if array is None:
+        array = backend.decode(data, factor, gray)
+        if array is not None and box is not None:
+            top, left, height, width = box
+            array = array[top : top + height, left : left + width]
     if array is not None and mode == "L" and not gray:
         array = rgb_to_l(array)
     return array
 
 
-def decode(source: Source, *, min_size: tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
-    """Decode an image file or its bytes to a C-contiguous uint8 ndarray.
+def decode(
+    source: Source, *, min_size: tuple[int, int] | None = None, mode: str = "RGB", box: Box | None = None
+) -> np.ndarray:
+    """Decode an image file or its bytes to a C-contiguous uint8 ndarray (a view for a ``box``).
 
     ``mode="RGB"``: (H, W, 3), the pixels of ``Image.open(f).convert("RGB")``.
     ``mode="L"``: (H, W), the pixels of ``Image.open(f).convert("L")``.
     ``min_size=(h, w)``: allow a DCT-scaled JPEG decode that is at least that size (other
     formats, and JPEGs only Pillow can read, come back full size).
+    ``box=(top, left, height, width)``: that box only (full-resolution coordinates, inside the
+    image; on a DCT-scaled decode the box mapped onto its scale by :func:`scaled_box`), a view
+    that may not be C-contiguous; the same pixels as the whole decode cut there.
     Errors are Pillow's: ``PIL.UnidentifiedImageError`` for data that is no image, ``OSError``
     for a truncated or broken one, ``FileNotFoundError`` for a missing path.
     """
-    return decode_data(read_bytes(source), fallback=source, min_size=min_size, mode=mode)
+    return decode_data(read_bytes(source), fallback=source, min_size=min_size, mode=mode, box=box)
 
 
 def decode_data(
@@ -370,14 +686,21 @@ def decode_data(
     min_size: tuple[int, int] | None = None,
     mode: str = "RGB",
     header: JpegHeader | None = None,
+    box: Box | None = None,
 ) -> np.ndarray:
     """:func:`decode` for bytes already read; ``fallback`` (the path, when there is one) is what
     Pillow opens if the fast path declines, so its errors name the file as stock's do.
     ``header``: :func:`jpeg_header` of ``data`` when the caller has read it already."""
     if mode not in ("RGB", "L"):
         raise ValueError(f"decode(): mode must be 'RGB' or 'L', not {mode!r}")
-    array = decode_fast(data, min_size=min_size, mode=mode, header=header)
-    return array if array is not None else pil_decode(fallback, mode)
+    array = decode_fast(data, min_size=min_size, mode=mode, header=header, box=box)
+    if array is not None:
+        return array
+    array = pil_decode(fallback, mode)
+    if box is not None:  # Pillow decodes at full resolution: the box as given
+        top, left, height, width = box
+        array = array[top : top + height, left : left + width]
+    return array
 
 
 def rgb_to_l(rgb: np.ndarray) -> np.ndarray:
