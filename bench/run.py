@@ -88,10 +88,11 @@ class Bench:
 
 # --- reading the benches' rows ---------------------------------------------------------------------
 
-#: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``
+#: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``.
+#: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last)
 ROW_KEYS = (
     "bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread", "note", "cpu_share",
-    "other_load", "noisy",
+    "other_load", "noisy", "ratio_to_by_hand",
 )  # fmt: skip
 
 

@@ -23,6 +23,30 @@ in these variants, each in its own persistent worker process:
   skipped with a note otherwise.
 * ``ipex-stock`` (not run by default): nothing patched, in the IPEX interpreter, to tell the
   torch version's share of the ``ipex`` ratio from IPEX's own.
+* ``by-hand-tcmalloc``: ``by-hand`` with tcmalloc preloaded (``LD_PRELOAD``), the allocator
+  PyTorch's CPU performance guide also has users set up and ``python -m nanopatch`` preloads:
+  ``patched`` against it shows what nanopatch adds beyond memory reuse (``patch_torch()`` has
+  glibc keep freed memory, see ``malloc_reuse``). Skipped when no tcmalloc is installed.
+* ``lightning-bf16``: nanopatch is never imported (checked); the same model, batch, loss and
+  optimizer trained by a PyTorch Lightning ``Trainer(precision="bf16-mixed", accelerator="cpu",
+  devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+  enable_model_summary=False)`` through a LightningModule whose ``training_step`` calls the model
+  and whose ``configure_optimizers`` builds the optimizer: what a framework user gets without
+  nanopatch.
+* ``lightning-bf16-patched`` (not run by default): the same after ``nanopatch.patch_torch()``.
+
+How the Lightning variants fit the persistent-worker protocol: ``Trainer.fit`` runs once, in the
+worker's main thread as in a script, over a DataLoader (``batch_size=None``) that yields the one
+synthetic batch for ever; a Callback's ``on_train_batch_end`` is where the worker counts the
+warm-up, runs the probes, answers the parent and blocks reading its next request. A ``run`` of N
+steps is timed from that hook (once the request is read) to the same hook N batches later: N
+whole iterations of Lightning's own loop (batch fetch and transfer, hooks, the bf16 autocast of
+the precision plugin, the closure with ``training_step``, ``zero_grad`` and ``backward``,
+``optimizer.step``), each optimizer step exactly once, and nothing but Lightning's loop runs
+meanwhile. This real Trainer was preferred to Lightning Fabric (which a request loop could drive
+step by step) because Fabric is not what Trainer users run: its loop, hooks and closure-based
+optimizer step are the Trainer's cost. No thread is needed: the callback blocks on the request
+pipe, the same way the other variants' loops do between requests.
 
 For one model at a time, every variant's worker builds its model and optimizer once and warms
 up (``compile`` gets extra warm-up steps); then in every round the parent asks each worker in
@@ -30,12 +54,19 @@ turn, the order rotated each round, to run ``--steps`` steps and report the time
 worker computes at a time and machine drift hits every variant alike. Workers use torch's
 default threads (all cores the process may use). A model's workers are shut down before the
 next model's start. A worker that fails is reported as failed, with its error, and the rest go
-on. Prints a Markdown table: the median rate, its spread, the ratio to ``stock`` and, for
-``patched``, the target (printed, never asserted). See bench/README.md.
+on. Prints a Markdown table: the median rate, its spread, the ratios to ``stock`` and to
+``by-hand``, and the issue's targets (printed, never asserted): ``patched`` >= 2.5x stock for
+the ResNets and 1.8x for the transformer; ``patched`` >= 1.10x ``by-hand`` for the ResNets and
+1.25x for the transformer; every variant nanopatch patched >= ``lightning-bf16``.
+
+``--profile N``: after the timed rounds, each worker runs N more steps under torch.profiler (CPU
+activities, shapes recorded) and reports the top ops by self CPU time per step, and the self
+time of the ``aten::copy_`` calls that convert between dtypes, as a share of the step. See
+bench/README.md.
 
     PYTHONPATH=. python bench/train_step.py [--quick] [--models resnet18,resnet50,transformer]
-        [--variants stock,patched,compile,ipex] [--rounds 5] [--steps 3] [--warmup 2]
-        [--ipex-python PATH] [--json PATH]
+        [--variants stock,by-hand,patched,compile,ipex,lightning-bf16] [--rounds 5] [--steps 3]
+        [--warmup 2] [--profile N] [--ipex-python PATH] [--json PATH]
 """
 
 from __future__ import annotations
@@ -63,8 +94,12 @@ import _harness as h
 
 STOCK, BY_HAND, PATCHED, COMPILE = "stock", "by-hand", "patched", "compile"
 IPEX, IPEX_STOCK = "ipex", "ipex-stock"
-VARIANTS = (STOCK, BY_HAND, PATCHED, COMPILE, IPEX, IPEX_STOCK)
-DEFAULT_VARIANTS = (STOCK, BY_HAND, PATCHED, COMPILE, IPEX)
+LIGHTNING, LIGHTNING_PATCHED = "lightning-bf16", "lightning-bf16-patched"
+BY_HAND_TCMALLOC = "by-hand-tcmalloc"
+VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, IPEX_STOCK, LIGHTNING, LIGHTNING_PATCHED)
+DEFAULT_VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, LIGHTNING)
+#: the by-hand edit and the allocator PyTorch's CPU guide has users preload (found by nanopatch.runtime)
+BY_HAND_VARIANTS = (BY_HAND, BY_HAND_TCMALLOC)
 #: variant -> patch_torch() keyword arguments; None: nanopatch is not imported at all
 PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
     STOCK: None,
@@ -73,12 +108,23 @@ PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
     COMPILE: {"compile": "default"},
     IPEX: {},
     IPEX_STOCK: None,
+    LIGHTNING: None,
+    LIGHTNING_PATCHED: {},
+    BY_HAND_TCMALLOC: None,
 }
 IPEX_VARIANTS = (IPEX, IPEX_STOCK)
+#: trained by a Lightning Trainer(precision="bf16-mixed") rather than the script's own loop
+LIGHTNING_VARIANTS = (LIGHTNING, LIGHTNING_PATCHED)
+LIGHTNING_PRECISION = "bf16-mixed"
 MODELS = ("resnet18", "resnet50", "transformer")
 HIDDEN_MODELS = ("tiny",)  # a small CNN, for the test suite
 #: model -> minimum patched/stock ratio, from the issue. Printed, never asserted.
 TARGETS = {"resnet18": 2.5, "resnet50": 2.5, "transformer": 1.8}
+#: model -> minimum patched/by-hand ratio, from the issue (part 5). Printed, never asserted.
+TARGETS_BY_HAND = {"resnet18": 1.10, "resnet50": 1.10, "transformer": 1.25}
+#: every variant nanopatch patched should be at least as fast as Lightning's own bf16-mixed (printed only)
+TARGET_X_LIGHTNING = 1.0
+PROFILE_TOP = 15  # --profile: the ops shown, by self CPU time
 CLASSES = 1000
 VOCAB = 8192
 SEED = 20250
@@ -132,18 +178,21 @@ def unit(model: str) -> str:
 
 class Job:
     """A model, its optimizer and one synthetic batch, and the training step a script runs;
-    ``by_hand``: the script edited for bf16 autocast and channels-last (the ``by-hand`` variant)."""
+    ``by_hand``: the script edited for bf16 autocast and channels-last (the ``by-hand`` variant).
+    ``optimizer=False``: the optimizer is left for :meth:`make_optimizer` to build later (from a
+    LightningModule's ``configure_optimizers``)."""
 
-    def __init__(self, model_name: str, shape: dict[str, int], by_hand: bool = False) -> None:
+    def __init__(self, model_name: str, shape: dict[str, int], by_hand: bool = False, optimizer: bool = True) -> None:
         import torch
         from torch import nn
 
         self.by_hand = by_hand
+        self.text = model_name == "transformer"
+        self.optimizer: Any = None
         torch.manual_seed(SEED)
-        if model_name == "transformer":
+        if self.text:
             batch, seq = shape["text_batch"], shape["seq"]
             self.model = transformer_lm(seq)
-            self.optimizer: Any = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
             tokens = torch.randint(0, VOCAB, (batch, seq + 1))
             self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
             self.samples_per_step = batch * seq
@@ -155,23 +204,39 @@ class Job:
                 import torchvision
 
                 self.model = getattr(torchvision.models, model_name)(weights=None, num_classes=CLASSES)
-            self.inputs = torch.randn(batch, 3, size, size)
+            self.inputs = torch.randn(batch, 3, size, size)  # NCHW, as a DataLoader hands every batch
             if by_hand:
                 self.model = self.model.to(memory_format=torch.channels_last)
-                self.inputs = self.inputs.contiguous(memory_format=torch.channels_last)
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
             self.targets = torch.randint(0, CLASSES, (batch,))
             self.samples_per_step = batch
+        if optimizer:
+            self.make_optimizer(self.model.parameters())
         self.criterion = nn.CrossEntropyLoss()
         self.model.train()  # as a script's epoch loop does, after building the optimizer
+
+    def make_optimizer(self, parameters):
+        """The model's optimizer, over ``parameters``: AdamW for the transformer, SGD otherwise."""
+        import torch
+
+        if self.text:
+            self.optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
+        else:
+            self.optimizer = torch.optim.SGD(parameters, lr=0.01, momentum=0.9, weight_decay=1e-4)
+        return self.optimizer
+
+    def loss(self, output, targets):
+        return self.criterion(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
 
     def step(self):
         import torch
 
         self.optimizer.zero_grad(set_to_none=True)
+        inputs = self.inputs
+        if self.by_hand and inputs.dim() == 4:  # the edited script converts each batch it is handed
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.by_hand):
-            output = self.model(self.inputs)
-            loss = self.criterion(output.reshape(-1, output.shape[-1]), self.targets.reshape(-1))
+            output = self.model(inputs)
+            loss = self.loss(output, self.targets)
         loss.backward()
         self.optimizer.step()
         return output, loss
@@ -201,13 +266,16 @@ def transformer_lm(seq: int):
     return TransformerLM()
 
 
-def compute_dtype(model, inputs, autocast: bool = False) -> str | None:
+def compute_dtype(model, inputs, context=None) -> str | None:
     """The dtype the first convolution or linear layer computes in (bfloat16 under autocast),
     from one extra forward pass without gradients on the eager model (a compiled model's
     ``_orig_mod``), with forward hooks that are removed at once: hooks on the compiled model
     would make torch.compile recompile. Layers are found by class name, so IPEX's replacements
-    (``_IPEXConv2d``, ``_IPEXLinear``) count too. ``autocast``: under bf16 autocast, as the
-    ``by-hand`` step runs its forward."""
+    (``_IPEXConv2d``, ``_IPEXLinear``) count too. ``context``: a context manager the pass runs
+    in, as the step runs its forward (bf16 autocast for ``by-hand``, the precision plugin's
+    ``forward_context()`` for Lightning)."""
+    import contextlib
+
     import torch
 
     model = getattr(model, "_orig_mod", model)
@@ -220,7 +288,7 @@ def compute_dtype(model, inputs, autocast: bool = False) -> str | None:
     layers = [m for m in model.modules() if leaf_layer(m)]
     handles = [m.register_forward_hook(hook) for m in layers]
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.no_grad(), context or contextlib.nullcontext():
             model(inputs)
     finally:
         for handle in handles:
@@ -262,13 +330,29 @@ def probed_step(job: Job) -> dict[str, Any] | None:
     layer (by class name, so IPEX's replacements count): the dtype it computed in and whether its
     input was channels-last, seen from inside the model. None when the step ran a compiled graph
     and the hook saw nothing: a hook added to the eager modules does not run inside it."""
-    probe = h.Probe()
-    probe.attach(getattr(job.model, "_orig_mod", job.model), leaf_layer)
-    probe.active = True
+    probe = attach_probe(job.model)
     try:
         job.step()[1].item()
     finally:
         probe.detach()
+    return probe_result(probe)
+
+
+def attach_probe(model) -> h.Probe:
+    """An active :class:`_harness.Probe` on the first convolution or linear layer of the eager
+    ``model`` that its forward calls: not a MultiheadAttention's ``out_proj``, whose weight the
+    attention uses without calling the layer (a hook there sees nothing)."""
+    from torch import nn
+
+    model = getattr(model, "_orig_mod", model)
+    skipped = {id(m) for a in model.modules() if isinstance(a, nn.MultiheadAttention) for m in a.modules()}
+    probe = h.Probe()
+    probe.attach(model, lambda m: leaf_layer(m) and id(m) not in skipped)
+    probe.active = True
+    return probe
+
+
+def probe_result(probe: h.Probe) -> dict[str, Any] | None:
     if probe.calls == 0 and "torch._dynamo" in sys.modules:
         return None
     return probe.as_dict()
@@ -286,23 +370,214 @@ def rss_mib() -> tuple[float, float]:
     return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-class Trainer:
-    """The worker's state: built and warmed up by ``setup``, timed by ``run``."""
+class Channel:
+    """The parent's requests (JSON lines on stdin) and the answers (JSON lines on the real stdout).
+    Only the answers go to the real stdout; anything else printed (by torch, IPEX, Lightning, ...)
+    goes to stderr."""
+
+    def __init__(self) -> None:
+        self.answers = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+    def next(self) -> dict[str, Any]:
+        """The next request; ``exit`` when the parent closed the pipe."""
+        line = sys.stdin.readline()
+        return json.loads(line) if line.strip() else {"cmd": "exit"}
+
+    def answer(self, reply: dict[str, Any]) -> None:
+        self.answers.write(json.dumps(reply) + "\n")
+
+
+def apply_patch(options: dict[str, Any] | None) -> None:
+    """``nanopatch.patch_torch(**options)``, before the model and optimizer are built; for None,
+    check that nanopatch was never imported."""
+    if options is None:
+        assert "nanopatch" not in sys.modules, "unpatched variant: nanopatch got imported"
+        return
+    import nanopatch
+
+    nanopatch.patch_torch(**options)
+
+
+def setup_reply(request: dict[str, Any], job: Job, facts: dict[str, Any], **times: Any) -> dict[str, Any]:
+    """The answer to ``setup``: the interpreter, threads, what the step ran (``facts``), the set-up
+    ``times`` (import_s, build_s, warmup_step_s) and nanopatch's status where it was applied."""
+    import torch
+
+    options = request["patch"]
+    if options is None:
+        assert "nanopatch" not in sys.modules, "unpatched variant: nanopatch got imported"
+    reply: dict[str, Any] = {
+        "python": sys.executable,
+        "python_version": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": h.installed("torchvision"),
+        "ipex": h.installed("intel-extension-for-pytorch"),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "allocator": h.mapped_library("tcmalloc") or h.mapped_library("jemalloc") or "glibc",
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "nanopatch_imported": "nanopatch" in sys.modules,
+        "samples_per_step": job.samples_per_step,
+        **times,
+        "observed": facts,
+        "peak_rss_mib": rss_mib()[1],
+    }
+    if options is not None:
+        import nanopatch
+
+        status = nanopatch.status()
+        reply["nanopatch"] = {
+            "patch_torch": options,
+            "options": {
+                name: {"value": entry["value"], "reason": entry["reason"]}
+                for name, entry in status["options"].items()
+                if name in ("training", "bf16", "channels_last", "ipex", "compile")
+            },
+            "targets": {name: target["state"] for name, target in status["targets"].items()},
+        }
+    return reply
+
+
+class Sample:
+    """The clock of one ``run`` request, started at construction: wall and CPU time of the steps,
+    page faults, memory. :meth:`finish` reads the last step's loss (``.item()``, inside the time)."""
+
+    def __init__(self) -> None:
+        self.request_cpu = time.process_time()
+        gc.collect()
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.cpu_start = time.process_time()
+        self.start = time.perf_counter()
+
+    def finish(self, loss) -> dict[str, Any]:
+        value = loss.item()
+        elapsed = time.perf_counter() - self.start
+        cpu = time.process_time() - self.cpu_start
+        current, peak = rss_mib()
+        return {
+            "elapsed_s": elapsed,
+            "cpu_s": cpu,
+            "loss": value,
+            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults,
+            "rss_mib": current,
+            "peak_rss_mib": peak,
+            "request_cpu_s": time.process_time() - self.request_cpu,
+        }
+
+
+class Profiling:
+    """A ``profile`` request, started at construction: ``steps`` steps under torch.profiler (CPU
+    activities; shapes recorded, which gives the kineto events their dtypes)."""
+
+    def __init__(self, steps: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.steps = steps
+        gc.collect()
+        self.profiler = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        self.request_cpu = time.process_time()
+        self.profiler.start()
+        self.start = time.perf_counter()
+
+    def finish(self, loss) -> dict[str, Any]:
+        loss.item()
+        elapsed = time.perf_counter() - self.start
+        self.profiler.stop()
+        summary = profile_summary(self.profiler, self.steps, elapsed)
+        summary["request_cpu_s"] = time.process_time() - self.request_cpu
+        return summary
+
+
+#: the ops whose self time is dtype conversion glue around aten::copy_ (which does the converting)
+TO_OPS = ("aten::to", "aten::_to_copy")
+
+
+def profile_summary(profiler, steps: int, elapsed_s: float) -> dict[str, Any]:
+    """Per step: the top :data:`PROFILE_TOP` ops by self CPU time (ms, share of the profiled step's
+    wall time, calls), and dtype conversion: the self time of the ``aten::copy_`` calls whose
+    destination and source dtypes differ (from the kineto events' recorded dtypes), beside all
+    ``aten::copy_`` and the ``aten::to`` / ``aten::_to_copy`` around them. Self CPU time is the
+    op's own time on the thread that called it (an intra-op parallel kernel counts once, by its
+    wall time), so shares of the step's wall time add up to at most about 100%."""
+    step_ms = elapsed_s * 1000 / steps
+    dtypes: dict[int, list[str]] = {}
+    try:  # private, but it is where the recorded dtypes are: [destination, source, non_blocking]
+        for event in profiler.profiler.kineto_results.events():
+            if event.name() == "aten::copy_":
+                dtypes[event.correlation_id()] = list(event.dtypes())
+    except Exception:  # informative only: copies of unknown dtypes are counted apart
+        dtypes = {}
+    copy_us = convert_us = unknown_us = to_us = 0.0
+    pairs: dict[str, float] = {}  # "source -> destination" dtypes: self time of the aten::copy_ calls
+    for event in profiler.events():
+        if event.name == "aten::copy_":
+            copy_us += event.self_cpu_time_total
+            pair = dtypes.get(event.id, [])
+            if len(pair) >= 2 and pair[0] and pair[1]:
+                convert_us += event.self_cpu_time_total if pair[0] != pair[1] else 0.0
+                key = f"{short_dtype(pair[1])} -> {short_dtype(pair[0])}"
+                pairs[key] = pairs.get(key, 0.0) + event.self_cpu_time_total
+            else:
+                unknown_us += event.self_cpu_time_total
+        elif event.name in TO_OPS:
+            to_us += event.self_cpu_time_total
+    averages = list(profiler.key_averages())
+    averages.sort(key=lambda a: a.self_cpu_time_total, reverse=True)
+
+    def per_step(us: float) -> dict[str, float]:
+        ms = us / 1000 / steps
+        return {"ms": ms, "share": ms / step_ms if step_ms else 0.0}
+
+    return {
+        "steps": steps,
+        "step_ms": step_ms,
+        "self_ms": sum(a.self_cpu_time_total for a in averages) / 1000 / steps,
+        "ops": [
+            {
+                "name": a.key,
+                "self_ms": a.self_cpu_time_total / 1000 / steps,
+                "share": a.self_cpu_time_total / 1000 / steps / step_ms if step_ms else 0.0,
+                "calls": a.count / steps,
+            }
+            for a in averages[:PROFILE_TOP]
+        ],
+        "conversion": {
+            "what": "self CPU time of aten::copy_ calls whose destination and source dtypes differ",
+            **per_step(convert_us),
+            "copy_all": per_step(copy_us),
+            "copy_unknown_dtypes": per_step(unknown_us),
+            "to_ops": per_step(to_us),
+            "copy_by_dtypes": {key: per_step(us) for key, us in sorted(pairs.items(), key=lambda kv: -kv[1])},
+        },
+    }
+
+
+def short_dtype(name: str) -> str:
+    """A kineto dtype name (``c10::BFloat16``, ``float``) as torch spells it (``bfloat16``, ``float32``)."""
+    known = {"c10::BFloat16": "bfloat16", "c10::Half": "float16", "float": "float32", "double": "float64"}
+    return known.get(name, name.removeprefix("c10::"))
+
+
+class StepRunner:
+    """The worker of a variant whose loop is the script's own: built and warmed up at ``setup``,
+    timed at each ``run``, profiled at ``profile``."""
 
     def __init__(self) -> None:
         self.job: Job | None = None
+
+    def serve(self, channel: Channel, request: dict[str, Any]) -> None:
+        channel.answer(self.setup(request))
+        while (request := channel.next())["cmd"] != "exit":
+            channel.answer(self.run(request["steps"]) if request["cmd"] == "run" else self.profile(request["steps"]))
 
     def setup(self, request: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
         import torch
 
-        options = request["patch"]
-        if options is None:
-            assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
-        else:
-            import nanopatch
-
-            nanopatch.patch_torch(**options)  # before the model and optimizer are built
+        apply_patch(request["patch"])  # before the model and optimizer are built
         imported = time.perf_counter()
         job = self.job = Job(request["model"], request["shape"], by_hand=request.get("by_hand", False))
         built = time.perf_counter()
@@ -312,86 +587,180 @@ class Trainer:
             output, loss = job.step()
             loss.item()
             warmup_s.append(time.perf_counter() - start)
-        facts = observed(job, compute_dtype(job.model, job.inputs, autocast=job.by_hand), output, loss)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.by_hand)  # as the step runs forward
+        facts = observed(job, compute_dtype(job.model, job.inputs, autocast), output, loss)
         facts["probe"] = probed_step(job)
-        if options is None:
-            assert "nanopatch" not in sys.modules, "stock variant: nanopatch got imported"
-        reply: dict[str, Any] = {
-            "python": sys.executable,
-            "python_version": platform.python_version(),
-            "torch": torch.__version__,
-            "torchvision": h.installed("torchvision"),
-            "ipex": h.installed("intel-extension-for-pytorch"),
-            "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "nanopatch_imported": "nanopatch" in sys.modules,
-            "samples_per_step": job.samples_per_step,
-            "import_s": imported - started,
-            "build_s": built - imported,
-            "warmup_step_s": warmup_s,
-            "observed": facts,
-            "peak_rss_mib": rss_mib()[1],
-        }
-        if options is not None:
-            import nanopatch
-
-            status = nanopatch.status()
-            reply["nanopatch"] = {
-                "patch_torch": options,
-                "options": {
-                    name: {"value": entry["value"], "reason": entry["reason"]}
-                    for name, entry in status["options"].items()
-                    if name in ("training", "bf16", "channels_last", "ipex", "compile")
-                },
-                "targets": {name: target["state"] for name, target in status["targets"].items()},
-            }
-        return reply
+        times = {"import_s": imported - started, "build_s": built - imported, "warmup_step_s": warmup_s}
+        return setup_reply(request, job, facts, **times)
 
     def run(self, steps: int) -> dict[str, Any]:
         assert self.job is not None, "run before setup"
-        request_cpu = time.process_time()
-        gc.collect()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        cpu_start = time.process_time()
-        start = time.perf_counter()
+        sample = Sample()
         for _ in range(steps):
             _, loss = self.job.step()
-        value = loss.item()
-        elapsed = time.perf_counter() - start
-        cpu = time.process_time() - cpu_start
-        current, peak = rss_mib()
-        return {
-            "elapsed_s": elapsed,
-            "cpu_s": cpu,
-            "loss": value,
-            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-            "rss_mib": current,
-            "peak_rss_mib": peak,
-            "request_cpu_s": time.process_time() - request_cpu,
-        }
+        return sample.finish(loss)
+
+    def profile(self, steps: int) -> dict[str, Any]:
+        assert self.job is not None, "profile before setup"
+        profiling = Profiling(steps)
+        for _ in range(steps):
+            _, loss = self.job.step()
+        return profiling.finish(loss)
+
+
+def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
+    """The worker of a Lightning variant. ``Trainer.fit`` runs once, in this main thread as in a
+    script, over a DataLoader that yields the job's one synthetic batch for ever; a callback's
+    ``on_train_batch_end`` is where the worker answers the parent and waits for its next request.
+    A ``run`` of N steps is timed from that hook (once the request is read) to the same hook N
+    batches later: N whole iterations of Lightning's loop (batch fetch and transfer, hooks, the
+    precision plugin's autocast, the closure with ``training_step``, ``zero_grad`` and
+    ``backward``, ``optimizer.step``)."""
+    started = time.perf_counter()
+    import lightning as L
+    import torch
+
+    apply_patch(request["patch"])  # before the model and optimizer are built
+    imported = time.perf_counter()
+    job = Job(request["model"], request["shape"], optimizer=False)
+
+    class Module(L.LightningModule):
+        """The script's model, loss and optimizer, as a Lightning user writes them."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = job.model
+            self.last: tuple[Any, Any] | None = None
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            output = self.model(inputs)
+            loss = job.loss(output, targets)
+            self.last = (output, loss)  # for the probe: what the step returned (no extra work)
+            return loss
+
+        def configure_optimizers(self):
+            return job.make_optimizer(self.parameters())
+
+    class OneBatch(torch.utils.data.IterableDataset):
+        """The job's batch, again and again (as every other variant trains on it)."""
+
+        def __iter__(self):
+            while True:
+                yield job.inputs, job.targets
+
+    class Driver(L.Callback):
+        """Warm-up, the probes, and the parent's requests, from the end of each training batch."""
+
+        def __init__(self) -> None:
+            self.warmup_s: list[float] = []
+            self.mark = 0.0
+            self.built = 0.0
+            self.probe: h.Probe | None = None
+            self.dtype: str | None = None
+            self.pending: Sample | Profiling | None = None
+            self.remaining = self.first_step = 0
+            self.setup_answered = self.exited = False
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.built = self.mark = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            loss = outputs["loss"]
+            if not self.setup_answered and self.probe is None:  # warming up
+                loss.item()
+                now = time.perf_counter()
+                self.warmup_s.append(now - self.mark)
+                self.mark = now
+                if len(self.warmup_s) < request["warmup"]:
+                    return
+                # the probes: one extra forward pass in the precision plugin's context, as
+                # training_step runs, then a hook inside the model during the next batch
+                self.dtype = compute_dtype(job.model, job.inputs, trainer.precision_plugin.forward_context())
+                self.probe = attach_probe(job.model)
+                return
+            if self.probe is not None:  # the probed batch
+                loss.item()
+                self.probe.detach()
+                assert module.last is not None
+                facts = observed(job, self.dtype, *module.last)
+                facts["probe"] = probe_result(self.probe)
+                self.probe = None
+                times = {
+                    "import_s": imported - started,
+                    "build_s": self.built - imported,
+                    "warmup_step_s": self.warmup_s,
+                }
+                reply = setup_reply(request, job, facts, **times)
+                reply["lightning"] = {
+                    "version": L.__version__,
+                    "precision": str(trainer.precision),
+                    "precision_plugin": type(trainer.precision_plugin).__name__,
+                    "strategy": type(trainer.strategy).__name__,
+                    # Lightning's autocast re-casts the weights at every use (by-hand's caches them per step)
+                    "autocast_cache": getattr(
+                        trainer.precision_plugin.autocast_context_manager(), "_cache_enabled", None
+                    ),
+                }
+                channel.answer(reply)
+                self.setup_answered = True
+            else:
+                self.remaining -= 1
+                if self.remaining > 0:
+                    return
+                assert self.pending is not None
+                reply = self.pending.finish(loss)
+                reply["optimizer_steps"] = trainer.global_step - self.first_step  # Lightning's own count
+                channel.answer(reply)
+                self.pending = None
+            self.next_request(trainer)
+
+        def next_request(self, trainer) -> None:
+            ask = channel.next()
+            if ask["cmd"] == "exit":
+                trainer.should_stop = self.exited = True
+                return
+            self.remaining = ask["steps"]
+            self.first_step = trainer.global_step
+            self.pending = Sample() if ask["cmd"] == "run" else Profiling(ask["steps"])
+
+    module = Module()
+    driver = Driver()
+    trainer = L.Trainer(
+        precision=LIGHTNING_PRECISION,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,  # one endless epoch, until the parent says exit
+        num_sanity_val_steps=0,
+        callbacks=[driver],
+    )
+    loader = torch.utils.data.DataLoader(OneBatch(), batch_size=None)
+    trainer.fit(module, loader)
+    if not driver.exited:
+        raise RuntimeError(f"Trainer.fit returned before the parent said exit (global step {trainer.global_step})")
 
 
 def worker_main() -> int:
-    """Answer the parent's requests, one JSON line each, until it says exit. Only the answers
-    go to the real stdout; anything else printed (by torch, IPEX, ...) goes to stderr."""
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    trainer = Trainer()
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            if request["cmd"] == "exit":
-                return 0
-            reply = trainer.setup(request) if request["cmd"] == "setup" else trainer.run(request["steps"])
-        except BaseException as exc:
-            text = traceback.format_exc()
-            print(text, file=sys.stderr, flush=True)
-            answers.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "traceback": text}) + "\n")
-            return 1
-        answers.write(json.dumps(reply) + "\n")
+    """Answer the parent's requests, one JSON line each, until it says exit: ``setup`` first, then
+    ``run`` or ``profile`` (N steps each). On an error, answer it and exit."""
+    channel = Channel()
+    request = channel.next()
+    if request["cmd"] == "exit":
+        return 0
+    try:
+        if request.get("lightning"):
+            lightning_serve(channel, request)
+        else:
+            StepRunner().serve(channel, request)
+    except BaseException as exc:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        channel.answer({"error": f"{type(exc).__name__}: {exc}", "traceback": text})
+        return 1
     return 0
 
 
@@ -496,6 +865,21 @@ def ipex_interpreter(given: str | None, env: dict[str, str]) -> tuple[str | None
     return None, f"{python}: {why}{hint}"
 
 
+def tcmalloc_library() -> str | None:
+    """The tcmalloc shared library the runner would preload, or None."""
+    from nanopatch import runtime
+
+    return runtime.find_allocator("tcmalloc")
+
+
+def variant_env(variant: str, env: dict[str, str]) -> dict[str, str]:
+    """A variant's worker environment: ``by-hand-tcmalloc`` preloads tcmalloc."""
+    if variant != BY_HAND_TCMALLOC:
+        return env
+    preload = " ".join(p for p in (env.get("LD_PRELOAD", ""), tcmalloc_library() or "") if p)
+    return {**env, "LD_PRELOAD": preload}
+
+
 def failed(error: str, detail: str = "") -> dict[str, Any]:
     return {"status": "failed", "error": error, "detail": detail, "samples": []}
 
@@ -516,8 +900,15 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
             python = pythons[variant]
             warmup = args.warmup + (COMPILE_EXTRA_WARMUP if variant == COMPILE else 0)
             log(f"{model}: starting {variant} ({python}), {warmup} warm-up step(s)")
-            worker = Worker(variant, python, env, args.timeout)
-            request = {"cmd": "setup", "model": model, "shape": shape, "warmup": warmup, "by_hand": variant == BY_HAND}
+            worker = Worker(variant, python, variant_env(variant, env), args.timeout)
+            request = {
+                "cmd": "setup",
+                "model": model,
+                "shape": shape,
+                "warmup": warmup,
+                "by_hand": variant in BY_HAND_VARIANTS,
+                "lightning": variant in LIGHTNING_VARIANTS,
+            }
             try:
                 setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
             except WorkerFailed as exc:
@@ -549,6 +940,19 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                     continue
                 sample["round"] = index
                 results[variant]["samples"].append(sample)
+        if args.profile:
+            for variant in [v for v in variants if v in workers]:
+                time.sleep(SETTLE_S)
+                log(f"{model}: profiling {variant}, {args.profile} step(s)")
+                try:
+                    meter = h.LoadMeter()
+                    profile = workers[variant].request({"cmd": "profile", "steps": args.profile})
+                    profile["other_load"] = meter.other_load(profile["request_cpu_s"])
+                    results[variant]["profile"] = profile
+                except WorkerFailed as exc:  # the rates stand; the profile is missing
+                    log(f"{model}: {variant} failed while profiled: {exc}")
+                    results[variant]["profile"] = {"error": str(exc), "detail": exc.detail}
+                    workers.pop(variant).close()
     finally:
         for worker in workers.values():
             worker.close()
@@ -600,10 +1004,42 @@ def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> lis
         rows.append(r)
     stock = next((r for r in rows if r["stock"] and r["rate"] is not None), None)
     h.ratios_to(rows, stock)
+    by_hand = next((r for r in rows if r["variant"] == BY_HAND and r["rate"] is not None), None)
+    for r in rows:
+        r["ratio_to_by_hand"] = None
+    h.ratios_to(rows, by_hand, key="ratio_to_by_hand")
+    lightning = next((r for r in rows if r["variant"] == LIGHTNING), None)
+    tcmalloc = next((r for r in rows if r["variant"] == BY_HAND_TCMALLOC and r["rate"] is not None), None)
     for r in rows:
         if r.get("target_x_stock") is not None and r["ratio_to_stock"] is not None:
             r["met"] = r["ratio_to_stock"] >= r["target_x_stock"]
+        r["targets"] = targets_of(model, r, lightning)
+        if r["variant"] == PATCHED and tcmalloc is not None and r["rate"] is not None:
+            # not the issue's: nanopatch's own bar, never slower than the hand edit with the allocator
+            ratio = r["rate"] / tcmalloc["rate"]
+            r["targets"].append({"against": BY_HAND_TCMALLOC, "min": 1.0, "ratio": ratio, "met": ratio >= 1.0})
     return rows
+
+
+def targets_of(model: str, r: dict[str, Any], lightning: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The issue's targets that apply to row ``r`` (printed, never asserted): ``patched`` against
+    stock and against by-hand (the real models); every variant nanopatch patched against
+    ``lightning-bf16`` when that ran too (``lightning``: its row). ``met`` is None when either
+    side has no rate."""
+    out = []
+
+    def check(against: str, minimum: float, ratio: float | None) -> None:
+        out.append(
+            {"against": against, "min": minimum, "ratio": ratio, "met": None if ratio is None else ratio >= minimum}
+        )
+
+    if r["variant"] == PATCHED and model in TARGETS:
+        check(STOCK, TARGETS[model], r["ratio_to_stock"])
+        check(BY_HAND, TARGETS_BY_HAND[model], r["ratio_to_by_hand"])
+    if PATCH_OPTIONS[r["variant"]] is not None and lightning is not None:
+        ratio = r["rate"] / lightning["rate"] if lightning["rate"] and r["rate"] is not None else None
+        check(LIGHTNING, TARGET_X_LIGHTNING, ratio)
+    return out
 
 
 def ran_as(setup: dict[str, Any]) -> str:
@@ -617,17 +1053,22 @@ def ran_as(setup: dict[str, Any]) -> str:
         parts.append(f"IPEX {setup['ipex']}")
     if seen["dynamo_graphs"]:
         parts.append(f"compiled ({seen['dynamo_graphs']} graphs)")
+    if "lightning" in setup:
+        parts.append(f"Lightning {setup['lightning']['version']} Trainer, precision {setup['lightning']['precision']}")
     parts.append(f"{seen['loss_dtype']} loss")
     return ", ".join(parts)
 
 
-def notes_for(rows: list[dict[str, Any]]) -> list[str]:
+def notes_for(rows: list[dict[str, Any]], steps: int) -> list[str]:
     ok = {r["variant"]: r for r in rows if r["status"] == "ok"}
     notes = []
     for variant, result in ok.items():
         state = result["setup"]["nanopatch"]["targets"].get("training") if "nanopatch" in result["setup"] else None
         if "nanopatch" in result["setup"] and state != "patched":
             notes.append(f"`{variant}`: nanopatch's training target is {state}")
+        counted = {s["optimizer_steps"] for s in result["samples"] if "optimizer_steps" in s}
+        if counted - {steps}:
+            notes.append(f"`{variant}`: Lightning counted {sorted(counted)} optimizer steps per sample, not {steps}")
         if result["setup"]["observed"]["loss_dtype"] != "float32":
             notes.append(f"`{variant}`: the loss was computed in {result['setup']['observed']['loss_dtype']}")
     suspects = {v: r for v, r in ok.items() if h.suspect(r)}
@@ -659,18 +1100,17 @@ def print_markdown(report: dict[str, Any]) -> None:
     for model, result in report["models"].items():
         print(f"\n### {model}: {result['description']} ({result['unit']})\n")
         print(
-            f"| variant | {result['unit']} | min-max | IQR | CPU | x stock | per round | target | met "
+            f"| variant | {result['unit']} | min-max | IQR | CPU | x stock | per round | x by-hand "
             "| first step s | warm-up extra s | peak RSS MiB | ran as |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         rows = [r for r in report["rows"] if r["group"] == model]
         for row in rows:
             variant = row["variant"]
             if row["status"] != "ok":
                 error = h.cell(row["error"])
-                print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  |  | {error} |")
+                print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  | {error} |")
                 continue
-            target = row["target_x_stock"]
             per_round = row.get("ratio_per_round") or []
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round and variant != STOCK else ""
             cells = [
@@ -679,32 +1119,86 @@ def print_markdown(report: dict[str, Any]) -> None:
                 "-".join(h.fmt(x) for x in row["spread"]),
                 f"{row['iqr_pct']:.0f}%",
                 f"{row['cpu_share'] * 100:.0f}%",
-                f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",
+                ratio_text(row["ratio_to_stock"]),
                 spread,
-                f">={target:g}x" if target is not None else "",
-                ("yes" if row["met"] else "no") if "met" in row else "",
+                ratio_text(row.get("ratio_to_by_hand")),
                 f"{row['first_step_s']:.1f}" if row["first_step_s"] is not None else "",
                 f"{max(0.0, row['warmup_extra_s']):.1f}",
                 f"{row['peak_rss_mib']:.0f}",
                 ran_as(row["setup"]),
             ]
             print("| " + " | ".join(cells) + " |")
-        notes = notes_for(rows)
+        targets = [f"`{r['variant']}`: {targets_text(r['targets'])}" for r in rows if r.get("targets")]
+        if targets:
+            print("\nTargets (from the issue; printed, never asserted):\n")
+            for line in targets:
+                print(f"- {line}")
+        notes = notes_for(rows, report["steps"])
         if notes:
             print()
             for note in notes:
                 print(f"- {note}")
+        for row in rows:
+            if row.get("profile"):
+                print_profile(model, row)
     print(
         "\nRates: median over the rounds of (steps x samples per step / wall time of the steps). min-max and IQR "
         "(interquartile range / median): the spread of those samples. CPU: the worker's CPU time / (wall time x "
         "its threads); well below 100%, other processes shared the cores. Other load (in the notes): the CPU time "
-        "the rest of the machine took during a sample, as a share of all CPUs. x stock: ratio of the medians; per "
-        "round: the range of the ratio to stock's sample of the same round. Warm-up extra: warm-up time beyond "
-        "as many steady steps (for compile: the compile time). Targets are printed, never asserted."
+        "the rest of the machine took during a sample, as a share of all CPUs. x stock, x by-hand: ratios of the "
+        "medians; per round: the range of the ratio to stock's sample of the same round. Warm-up extra: warm-up "
+        "time beyond as many steady steps (for compile: the compile time). Targets are printed, never asserted."
     )
     for note in report["notes"]:
         print(f"\nNote: {note}")
     print(f"\nRun took {report['seconds']:.0f} s.")
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}x"
+
+
+def targets_text(targets: list[dict[str, Any]]) -> str:
+    parts = []
+    for t in targets:
+        against = f"{t['min']:g}x {t['against']}" if t["min"] != 1 else f"{t['against']}"
+        verdict = "not run" if t["met"] is None else f"{t['ratio']:.2f}x, {'met' if t['met'] else 'not met'}"
+        parts.append(f">= {against}: {verdict}")
+    return "; ".join(parts)
+
+
+def print_profile(model: str, row: dict[str, Any]) -> None:
+    """One variant's profile: the top ops by self CPU time and the share of dtype conversion."""
+    profile = row["profile"]
+    print(f"\n#### Profile: {model}, {row['variant']}\n")
+    if "error" in profile:
+        print(f"Not profiled: {h.cell(profile['error'])}")
+        return
+    conversion = profile["conversion"]
+    unknown = conversion["copy_unknown_dtypes"]["ms"]
+    load = profile.get("other_load")
+    if load is not None and load > h.OTHER_LOAD_WARNING:
+        print(
+            f"**Other processes took {load:.0%} of the machine's CPU time while this was profiled: the times "
+            "below are inflated by their contention.**\n"
+        )
+    print(
+        f"{h.plural(profile['steps'], 'step')} under torch.profiler after the timed rounds: "
+        f"{profile['step_ms']:.1f} ms per step (unprofiled: {row['step_s'] * 1000:.1f} ms); all ops' self CPU "
+        f"{profile['self_ms']:.1f} ms. "
+        f"Dtype conversion (self CPU of aten::copy_ with different destination and source dtypes): "
+        f"**{conversion['ms']:.1f} ms, {conversion['share']:.0%} of the step**; all aten::copy_ "
+        f"{conversion['copy_all']['ms']:.1f} ms ({conversion['copy_all']['share']:.0%}); aten::to + aten::_to_copy "
+        f"{conversion['to_ops']['ms']:.1f} ms ({conversion['to_ops']['share']:.0%})"
+        + (f"; aten::copy_ of unknown dtypes {unknown:.1f} ms" if unknown else "")
+        + ". aten::copy_ by source -> destination dtype: "
+        + ", ".join(f"{key} {value['ms']:.2f} ms" for key, value in conversion["copy_by_dtypes"].items())
+        + ".\n"
+    )
+    print("| op | self CPU ms / step | % of step | calls / step |")
+    print("|---|---:|---:|---:|")
+    for op in profile["ops"]:
+        print(f"| `{h.cell(op['name'])}` | {op['self_ms']:.2f} | {op['share']:.1%} | {op['calls']:g} |")
 
 
 def interpreters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -750,6 +1244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=3600, help="seconds a worker may take to answer (default %(default)s)"
     )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"after the timed rounds, run N steps of each variant under torch.profiler and report the top "
+        f"{PROFILE_TOP} ops by self CPU time and the share of dtype conversion (default: no profile)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: one variant's process
     args = parser.parse_args(argv)
@@ -762,6 +1264,8 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, value)
     if min(args.rounds, args.steps, args.warmup) < 1:
         parser.error("--rounds, --steps and --warmup must be >= 1")
+    if args.profile < 0:
+        parser.error("--profile must be >= 0")
 
     log = h.log
     started = time.perf_counter()
@@ -787,6 +1291,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"`ipex` runs in {ipex_python} ({why}): its ratio to stock includes the difference between "
                     f"the two interpreters' torch ({share})."
                 )
+    if BY_HAND_TCMALLOC in variants and tcmalloc_library() is None:
+        skipped[BY_HAND_TCMALLOC] = "skipped: no tcmalloc library found (libtcmalloc_minimal4 or gperftools)"
     results, rows = {}, []
     for model in models:
         results[model], model_rows = run_model(model, variants, pythons, skipped, args, env, log)
@@ -799,6 +1305,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "compile_extra_warmup": COMPILE_EXTRA_WARMUP,
+        "profile_steps": args.profile,
+        "targets": {"x_stock": TARGETS, "x_by_hand": TARGETS_BY_HAND, "x_lightning_bf16": TARGET_X_LIGHTNING},
         "seed": SEED,
         "machine": machine,
         "interpreters": interpreters(rows),

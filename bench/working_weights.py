@@ -78,12 +78,15 @@ class Prototype:
 
         job = self.job
         job.optimizer.zero_grad(set_to_none=True)
+        inputs = job.inputs
+        if inputs.dim() == 4:  # each batch converted, as in bench/train_step.py's by-hand step
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             for module, name, _, copy in self.pairs:
                 module._parameters[name] = copy
             try:
                 with FastBernoulli():
-                    output = job.model(job.inputs)
+                    output = job.model(inputs)
             finally:
                 for module, name, weight, _ in self.pairs:
                     module._parameters[name] = weight

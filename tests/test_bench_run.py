@@ -157,6 +157,33 @@ def test_rows_of_notes_what_did_not_run():
     assert h.suspect(cells[("resnet18", "compile")]) and not h.suspect(cells[("resnet18", "stock")])
 
 
+def test_train_step_rows_keep_the_ratio_to_by_hand():
+    """train_step's rows carry ``ratio_to_by_hand`` (and their own details: targets, profile); the
+    report keeps the ratio beside the common keys and leaves the details in the raw JSON."""
+    raw = {
+        "benchmark": "train_step",
+        "rows": [
+            h.row("train_step", "resnet18", "stock", 12.0, "img/s", None, stock=True, ratio_to_by_hand=0.5),
+            h.row("train_step", "resnet18", "by-hand", 24.0, "img/s", 2.0, ratio_to_by_hand=1.0),
+            h.row("train_step", "resnet18", "patched", 26.4, "img/s", 2.2, ratio_to_by_hand=1.1,
+                  targets=[{"against": "by-hand", "min": 1.1, "ratio": 1.1, "met": True}], profile={"ops": []}),
+            h.row("train_step", "resnet18", "lightning-bf16", None, "img/s", None, ratio_to_by_hand=None,
+                  status="failed", error="boom"),
+        ],
+    }  # fmt: skip
+    cells = by_key(run.rows_of(run.BENCHES["train_step"], raw))
+    assert [cells[("resnet18", v)]["ratio_to_by_hand"] for v in ("stock", "by-hand", "patched")] == [0.5, 1.0, 1.1]
+    patched = cells[("resnet18", "patched")]
+    assert set(patched) == ROW_KEYS | {"ratio_to_by_hand"} and patched["ratio_to_stock"] == 2.2
+    failed = cells[("resnet18", "lightning-bf16")]
+    assert failed["rate"] is None and failed["ratio_to_by_hand"] is None and failed["note"] == "boom"
+    # the other benches' rows have no such key and gain none
+    assert all("ratio_to_by_hand" not in r for r in run.rows_of(run.BENCHES["decode"], DECODE))
+    assert "lightning-bf16" in run.markdown(
+        {"benches": {"train_step": {"status": "ok", "rows": list(cells.values())}}}, run.BENCHES, {}
+    )
+
+
 def test_frameworks_rows_lose_their_group_prefix():
     table = [("hf", "hf-stock", 50.0, 1.0), ("hf", "hf-nanopatch", 100.0, 2.0), ("lightning", "nproc2", 60.0, 2.2)]
     raw = {"rows": rows("frameworks", "samples/s", table, stock="hf-stock")}
