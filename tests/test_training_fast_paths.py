@@ -269,7 +269,8 @@ import nanopatch
 from nanopatch import _malloc
 
 def faults_of_reuse():
-    for _ in range(4):  # warm: the heap grows to its working size in the first rounds
+    for _ in range(12):  # warm: the heap grows to its working size in the first rounds (how many
+        # depends on where small allocations land between the big ones)
         torch.ones(16 * 2**20)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(4):
