@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -1274,10 +1275,14 @@ def main(argv: list[str] | None = None) -> int:
     pythons = {v: sys.executable for v in variants if v not in IPEX_VARIANTS}
     skipped: dict[str, str] = {}
     notes = []
+    if any(v in LIGHTNING_VARIANTS for v in variants) and importlib.util.find_spec("lightning") is None:
+        for v in variants:
+            if v in LIGHTNING_VARIANTS:
+                skipped[v] = "skipped: Lightning is not installed (pip install lightning)"
     if any(v in IPEX_VARIANTS for v in variants):
         ipex_python, why = ipex_interpreter(args.ipex_python, env)
         if ipex_python is None:
-            skipped = {v: f"skipped: {why}" for v in variants if v in IPEX_VARIANTS}
+            skipped.update({v: f"skipped: {why}" for v in variants if v in IPEX_VARIANTS})
             notes.append(f"the ipex variants are skipped: {why}.")
             log(f"ipex variants skipped: {why}")
         else:
