@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from . import __version__, config, cpu
+from . import __version__, config, cpu, runtime
 from ._patching import status
 
 _DISTRIBUTIONS = (
@@ -50,13 +50,11 @@ _OPENMP_LIBRARIES = (("libiomp5", "Intel OpenMP"), ("libgomp", "GNU OpenMP"), ("
 
 def loaded_openmp_runtime(maps_path: str = "/proc/self/maps") -> str:
     """Which OpenMP runtime this process has loaded (torch brings its own), from the memory map."""
-    try:
-        with open(maps_path) as maps:
-            paths = {line.split()[-1] for line in maps if ".so" in line}
-    except OSError:
+    paths = runtime.mapped_libraries(maps_path)
+    if paths is None:
         return "unknown"
     for stem, label in _OPENMP_LIBRARIES:
-        for path in sorted(paths):
+        for path in paths:
             # "libgomp.so.1", or a wheel's vendored copy with a hash: "libgomp-a34b3233.so.1"
             if re.match(re.escape(stem) + r"(-[0-9a-f]+)?\.so", os.path.basename(path)):
                 return f"{label} ({path})"

@@ -24,12 +24,11 @@ threshold, which any ``mallopt`` call fixes, stays at its 128 KiB start.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import platform
 from collections.abc import Mapping
 
-logger = logging.getLogger("nanopatch")
+from . import runtime
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
 #: (parameter, value while patched, glibc's default)
@@ -44,13 +43,7 @@ _OTHER_ALLOCATORS = ("libtcmalloc", "libjemalloc", "libmimalloc", "libhoard", "l
 
 def other_allocator(maps: str = "/proc/self/maps") -> str | None:
     """The file name of a replacement allocator mapped into this process, or None."""
-    try:
-        with open(maps) as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        path = line.rsplit(" ", 1)[-1]
+    for path in runtime.mapped_libraries(maps) or ():
         name = os.path.basename(path)
         if name.startswith(_OTHER_ALLOCATORS):
             return name

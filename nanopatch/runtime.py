@@ -98,6 +98,16 @@ class Plan:
 # --- what is installed ----------------------------------------------------------------
 
 
+def mapped_libraries(maps_path: str = "/proc/self/maps") -> list[str] | None:
+    """Paths of the shared libraries mapped into this process (sorted), or None when its memory
+    map cannot be read."""
+    try:
+        with open(maps_path) as maps:
+            return sorted({line.split()[-1] for line in maps if ".so" in line})
+    except OSError:
+        return None
+
+
 def torch_library_dirs() -> list[str]:
     """Folders where the installed torch keeps its shared libraries (found without importing
     torch)."""

@@ -46,7 +46,7 @@ def patch(config: Any) -> None:
         from torch.utils.data import dataloader
 
         _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
-    if getattr(config, "malloc_reuse", False):
+    if config.malloc_reuse:
         _keep_freed_memory()
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),

@@ -36,6 +36,7 @@ from ._pipeline import (
     FusedToFloat,
     Planned,
     augment_kernel,
+    center_crop_pixels,
     entry,
     jitter_pixels,
     on_array,
@@ -130,19 +131,6 @@ class Resize(Fast, stock_class(_tv, "Resize")):
         if self.antialias is False and px.domain == "pil":
             warn_antialias_ignored()
         return resized
-
-
-def center_crop_pixels(px: Pixels, size) -> Pixels:
-    """``F.center_crop`` of ``px`` to ``size`` (h, w). On an undecoded file a crop inside the
-    image decodes its box only (``Pixels.box``: the very pixels of the whole decode cut there;
-    it saves work where the crop-aware decoder is on, libjpeg-turbo 3), at stock's anchor
-    ``int(round((side - crop) / 2.0))``; a crop that pads goes through ``fn.center_crop``."""
-    _, height, width = px.dims()
-    crop_h, crop_w = int(size[0]), int(size[1])
-    if px.encoded and 0 < crop_h <= height and 0 < crop_w <= width:
-        top, left = round((height - crop_h) / 2.0), round((width - crop_w) / 2.0)
-        return px.with_array(px.box((top, left, crop_h, crop_w)))
-    return px.with_array(fn.center_crop(px.array(), size))
 
 
 @entry

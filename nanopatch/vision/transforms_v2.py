@@ -86,13 +86,7 @@ class Resize(Fast, stock_class(_v2, "Resize")):
 @entry
 class CenterCrop(Fast, stock_class(_v2, "CenterCrop")):
     def _nanopatch_run(self, px: Pixels) -> Any:
-        # as transforms.center_crop_pixels (v1): an undecoded file decodes the crop's box only
-        _, height, width = px.dims()
-        crop_h, crop_w = int(self.size[0]), int(self.size[1])
-        if px.encoded and 0 < crop_h <= height and 0 < crop_w <= width:
-            top, left = round((height - crop_h) / 2.0), round((width - crop_w) / 2.0)
-            return px.with_array(px.box((top, left, crop_h, crop_w)))
-        return px.with_array(fn.center_crop(px.array(), self.size))
+        return _pipeline.center_crop_pixels(px, self.size)
 
 
 @entry
