@@ -27,11 +27,15 @@ A. **Lightning ResNet-18**, the script a BigDL-Nano user writes: a ``LightningMo
 B. **Hugging Face Trainer**: ``BertForSequenceClassification`` built from a ``BertConfig`` (no
    download: 4 layers, hidden 256, 4 heads, intermediate 1024, the default vocabulary), generated
    token ids (sequence 128, batch 16, 2 labels), ``Trainer(TrainingArguments(use_cpu=True,
-   max_steps=...))``: ``hf-stock`` and ``hf-nanopatch``.
+   max_steps=...))``: ``hf-stock`` and ``hf-nanopatch``; ``hf-bf16`` is the same script with
+   ``TrainingArguments(bf16=True)`` (the Trainer's own autocast) and ``hf-bf16-nanopatch`` that
+   under nanopatch.
 C. **timm**: ``timm.create_model("resnet18", pretrained=False, num_classes=10)``,
    ``timm.optim.create_optimizer_v2(model, "sgd", lr 0.01, momentum 0.9, weight decay 1e-4)``,
    ``timm.utils.ModelEmaV2`` updated after every step, a hand-written loop over the same generated
-   images: ``timm-stock`` and ``timm-nanopatch``.
+   images: ``timm-stock`` and ``timm-nanopatch``; ``timm-autocast`` is the loop with the user's
+   own ``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and loss, and
+   ``timm-autocast-nanopatch`` that under nanopatch.
 
 What is timed: ``--steps`` training steps after ``--warmup`` untimed ones, from the start of the
 first timed step to the end of the last (a Lightning ``Callback``'s ``on_train_batch_start`` /
@@ -113,7 +117,7 @@ class Variant:
     group: str  # lightning, lightning-ddp, hf, timm
     script: str  # the worker's --script
     launcher: tuple[str, ...] = ()  # interpreter options before the script
-    precision: str | None = None  # Lightning's Trainer(precision=...)
+    precision: str | None = None  # Lightning's Trainer(precision=...); "bf16" for HF's, "autocast" for timm's loop
     processes: int = 1
     patched: bool = False
     nano_processes: int = 0  # nanopatch.lightning.Trainer(num_processes=..., precision="bf16", channels_last=True)
@@ -143,20 +147,25 @@ VARIANTS = {
         Variant("ddp-nanopatch", "lightning-ddp", "lightning-ddp", NANOPATCH, processes=2, patched=True),
         Variant("hf-stock", "hf", "hf"),
         Variant("hf-nanopatch", "hf", "hf", NANOPATCH, patched=True),
+        Variant("hf-bf16", "hf", "hf", precision="bf16"),
+        Variant("hf-bf16-nanopatch", "hf", "hf", NANOPATCH, "bf16", patched=True),
         Variant("timm-stock", "timm", "timm"),
         Variant("timm-nanopatch", "timm", "timm", NANOPATCH, patched=True),
+        Variant("timm-autocast", "timm", "timm", precision="autocast"),
+        Variant("timm-autocast-nanopatch", "timm", "timm", NANOPATCH, "autocast", patched=True),
     )
 }
 #: --variants shorthands
 GROUP_ALIASES = {
     "lightning": [n for n, v in VARIANTS.items() if v.group == "lightning"],
     "ddp": ["ddp-stock", "ddp-nanopatch"],
-    "hf": ["hf-stock", "hf-nanopatch"],
-    "timm": ["timm-stock", "timm-nanopatch"],
+    "hf": [n for n, v in VARIANTS.items() if v.group == "hf"],
+    "timm": [n for n, v in VARIANTS.items() if v.group == "timm"],
     "all": list(VARIANTS),
 }
 BASELINE = {"lightning": "stock", "lightning-ddp": "ddp-stock", "hf": "hf-stock", "timm": "timm-stock"}
-SECOND_BASELINE = {"lightning": "bf16-mixed"}  # the "x bf16-mixed" column
+#: the framework's (or the user's) own bf16 autocast: the "x bf16-mixed" / "x hf-bf16" / "x timm-autocast" column
+SECOND_BASELINE = {"lightning": "bf16-mixed", "hf": "hf-bf16", "timm": "timm-autocast"}
 UNIT = {"lightning": "img/s", "lightning-ddp": "img/s", "hf": "samples/s", "timm": "img/s"}
 #: (variant, against, at least): printed beside the ratios, never asserted
 TARGETS = (
@@ -168,6 +177,13 @@ TARGETS = (
     ("ddp-nanopatch", "ddp-stock", 1.0),
     ("hf-nanopatch", "hf-stock", 1.3),
     ("timm-nanopatch", "timm-stock", 1.3),
+    # nanopatch with the framework's own precision: at least as fast as either alone
+    ("nanopatch+bf16-mixed", "bf16-mixed", 1.0),
+    ("nanopatch+bf16-mixed", "nanopatch", 1.0),
+    ("hf-bf16-nanopatch", "hf-bf16", 1.0),
+    ("hf-bf16-nanopatch", "hf-nanopatch", 1.0),
+    ("timm-autocast-nanopatch", "timm-autocast", 1.0),
+    ("timm-autocast-nanopatch", "timm-nanopatch", 1.0),
 )
 
 
@@ -425,6 +441,7 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=SEED,
+        bf16=args.precision == "bf16",
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[StepTimer()])
     clock.on_done = lambda: facts.update(process_facts(model))
@@ -435,6 +452,7 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         **facts,
         "loss": float(output.training_loss),
         "framework": f"transformers {transformers.__version__}",
+        "precision": "bf16" if training_args.bf16 else None,
         "model_size": f"BERT {args.bert_layers} layers, hidden {hidden}, sequence {args.seq_len}",
         "param_checksum": param_checksum(model),
         "probe": probe.as_dict(),
@@ -459,14 +477,16 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     model_ema = ModelEmaV2(model, decay=0.9998)
     criterion = nn.CrossEntropyLoss()
     model.train()
+    own_autocast = args.precision == "autocast"
     loss_value = None
     facts: dict[str, Any] = {}
     clock.on_done = lambda: facts.update(process_facts(model))
     while not clock.done:
         for x, y in loader:
             clock.begin((x, y))
-            output = model(x)
-            loss = criterion(output, y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=own_autocast):
+                output = model(x)
+                loss = criterion(output, y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -481,6 +501,7 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
         **facts,
         "loss": loss_value,
         "framework": f"timm {timm.__version__}",
+        "precision": "autocast" if own_autocast else None,
         "optimizer": type(optimizer).__name__,
         "loader_batches": len(loader),
         "param_checksum": param_checksum(model),
@@ -602,9 +623,9 @@ def problems(v: Variant, d: dict[str, Any], args: argparse.Namespace) -> list[st
     if any(p == "no call seen" for p in d["inside_per_rank"]):
         found.append("the probe saw no forward call of its layer in the timed steps")
     if v.precision and d["precision"] != v.precision:
-        found.append(f"Trainer precision {d['precision']}, expected {v.precision}")
-    if v.precision == "bf16-mixed" and d["probe"]["dtypes"] and set(d["probe"]["dtypes"]) != {"bfloat16"}:
-        found.append(f"bf16-mixed, but the layer computed in {h.dtype_name(d['probe']['dtypes'])}")
+        found.append(f"precision {d['precision']}, expected {v.precision}")
+    if v.precision and d["probe"]["dtypes"] and set(d["probe"]["dtypes"]) != {"bfloat16"}:
+        found.append(f"{v.precision}, but the layer computed in {h.dtype_name(d['probe']['dtypes'])}")
     if v.processes > 1:
         if set(d["world_size"]) != {v.processes}:
             found.append(f"world size {d['world_size']} (expected {v.processes}): not data-parallel")
@@ -632,8 +653,8 @@ def findings(v: Variant, d: dict[str, Any], cores: int) -> list[str]:
         return notes
     if "bfloat16" not in d["probe"]["dtypes"]:
         notes.append(f"not accelerated: the probed layer computed in {h.dtype_name(d['probe']['dtypes'])}")
-    elif set(d["probe"]["dtypes"]) == {"bfloat16"} and v.precision == "bf16-mixed":
-        notes.append("bf16 inside may be Lightning's bf16-mixed alone (the probe cannot tell whose autocast it is)")
+    elif set(d["probe"]["dtypes"]) == {"bfloat16"} and v.precision:
+        notes.append(f"bf16 inside may be {v.precision} alone (the probe cannot tell whose autocast it is)")
     probe = d["probe"]
     if probe["inputs_4d"] and probe["channels_last"] < probe["inputs_4d"]:
         notes.append("the probed convolution's input was not channels-last")

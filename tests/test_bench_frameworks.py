@@ -22,8 +22,18 @@ pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 pytest.importorskip("timm")
 
-NAMES = ["stock", "nanopatch+bf16-mixed", "nproc2", "nano-trainer-2", "ddp-stock", "hf-stock", "timm-nanopatch"]
-UNPATCHED = ("stock", "ddp-stock", "hf-stock")
+NAMES = [
+    "stock",
+    "nanopatch+bf16-mixed",
+    "nproc2",
+    "nano-trainer-2",
+    "ddp-stock",
+    "hf-stock",
+    "hf-bf16-nanopatch",
+    "timm-nanopatch",
+    "timm-autocast",
+]
+UNPATCHED = ("stock", "ddp-stock", "hf-stock", "timm-autocast")
 STEPS = 2
 
 
@@ -107,6 +117,12 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
         rows["hf-stock"]["ratio_to_stock"] == 1.0 and hf["inside"] == "fp32 / n/a" and "Linear" in hf["probe"]["layer"]
     )
     assert hf["framework"].startswith("transformers ")
+    # the framework's own bf16 (HF's TrainingArguments(bf16=True)) under nanopatch, and a user's
+    # own torch.autocast in a plain loop: bf16 inside, the precision the script asked for
+    hf_bf16 = rows["hf-bf16-nanopatch"]["details"]
+    assert hf_bf16["precision"] == "bf16" and hf_bf16["inside"] == "bf16 / n/a"
+    own = rows["timm-autocast"]["details"]
+    assert own["precision"] == "autocast" and own["inside"] == "bf16 / contiguous"
     timm = rows["timm-nanopatch"]
     assert timm["ratio_to_stock"] is None and timm["details"]["framework"].startswith("timm ")
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
@@ -121,7 +137,9 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
         ("lightning", "nano-trainer-2", False),
         ("lightning-ddp", "stock", True),
         ("hf", "stock", True),
+        ("hf", "bf16-nanopatch", False),
         ("timm", "nanopatch", False),
+        ("timm", "autocast", False),
     ]
 
 
@@ -172,6 +190,10 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
         "hf-nanopatch": 1.0,  # 1.0x: not met, and computed in fp32: a finding, not a failed check
         "timm-stock": 1.0,
         "timm-nanopatch": 0.5,
+        "hf-bf16": 0.8,
+        "hf-bf16-nanopatch": 0.5,  # 1.6x hf-bf16, 2.0x hf-nanopatch: met
+        "timm-autocast": 0.8,
+        "timm-autocast-nanopatch": 0.55,  # 1.45x timm-autocast, 0.91x timm-nanopatch: not met
     }
     runs = {}
     for name, s in seconds.items():
@@ -214,7 +236,15 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert [(t["against"], t["met"]) for t in rows["ddp-nanopatch"]["targets"]] == [("ddp-stock", False)]
     assert rows["hf-nanopatch"]["targets"][0]["met"] is False
     assert rows["timm-nanopatch"]["targets"][0]["met"] is True and rows["timm-nanopatch"]["ratio_to_stock"] == 2.0
-    assert all("ratio_to_bf16_mixed" not in rows[n] for n in ("ddp-stock", "hf-stock", "timm-stock"))
+    assert "ratio_to_bf16_mixed" not in rows["ddp-stock"]
+    # the second column of groups B and C is the framework's (HF) or the user's (timm) own bf16
+    assert rows["hf-stock"]["ratio_to_bf16_mixed"] == pytest.approx(0.8)
+    assert rows["hf-bf16-nanopatch"]["ratio_to_bf16_mixed"] == pytest.approx(1.6)
+    hf_both = [(t["against"], t["met"]) for t in rows["hf-bf16-nanopatch"]["targets"]]
+    assert hf_both == [("hf-bf16", True), ("hf-nanopatch", True)]
+    timm_both = [(t["against"], t["met"]) for t in rows["timm-autocast-nanopatch"]["targets"]]
+    assert timm_both == [("timm-autocast", True), ("timm-nanopatch", False)]
+    assert [t["against"] for t in rows["nanopatch+bf16-mixed"]["targets"]] == ["bf16-mixed", "nanopatch"]
 
     assert rows["stock"]["details"]["problems"] == ["nanopatch was imported"]
     assert rows["bf16-mixed"]["details"]["problems"] == ["bf16-mixed, but the layer computed in fp32"]
@@ -256,3 +286,4 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert ">= 1x ddp-stock: not met" in text and ">= 1.3x hf-stock: not met" in text
     assert "- check failed: `stock`: nanopatch was imported" in text
     assert "| x stock | x bf16-mixed | target |" in text
+    assert "| x hf-stock | x hf-bf16 | target |" in text and "| x timm-stock | x timm-autocast | target |" in text

@@ -95,6 +95,8 @@ def test_a_missing_script_is_a_usage_error(tmp_path):
         ("Epoch 3 | loss: 0.123 | acc@1: 71.2%", "loss", "0.123"),
         ("Epoch 3 | loss: 0.123 | acc@1: 71.2%", "accuracy", "71.2%"),
         ("accuracy=0.875", "accuracy", "0.875"),
+        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "accuracy", "809/1000 (80.9%)"),
+        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "loss", "0.0004"),
         ("throughput 412.5 img/s", "rate", "412.5"),
         ("1.2e3 samples/sec", "rate", "1.2e3"),
         ("val_loss 2.5", "loss", None),  # part of another word: not "loss"
