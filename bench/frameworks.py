@@ -166,6 +166,12 @@ GROUP_ALIASES = {
 BASELINE = {"lightning": "stock", "lightning-ddp": "ddp-stock", "hf": "hf-stock", "timm": "timm-stock"}
 #: the framework's (or the user's) own bf16 autocast: the "x bf16-mixed" / "x hf-bf16" / "x timm-autocast" column
 SECOND_BASELINE = {"lightning": "bf16-mixed", "hf": "hf-bf16", "timm": "timm-autocast"}
+#: Variant.precision in words
+PRECISION_OF = {
+    "bf16-mixed": "Lightning's bf16-mixed",
+    "bf16": "the Trainer's bf16=True",
+    "autocast": "the loop's autocast",
+}
 UNIT = {"lightning": "img/s", "lightning-ddp": "img/s", "hf": "samples/s", "timm": "img/s"}
 #: (variant, against, at least): printed beside the ratios, never asserted
 TARGETS = (
@@ -654,7 +660,8 @@ def findings(v: Variant, d: dict[str, Any], cores: int) -> list[str]:
     if "bfloat16" not in d["probe"]["dtypes"]:
         notes.append(f"not accelerated: the probed layer computed in {h.dtype_name(d['probe']['dtypes'])}")
     elif set(d["probe"]["dtypes"]) == {"bfloat16"} and v.precision:
-        notes.append(f"bf16 inside may be {v.precision} alone (the probe cannot tell whose autocast it is)")
+        whose = PRECISION_OF.get(v.precision, v.precision)
+        notes.append(f"bf16 inside may be {whose} alone (the probe cannot tell whose autocast it is)")
     probe = d["probe"]
     if probe["inputs_4d"] and probe["channels_last"] < probe["inputs_4d"]:
         notes.append("the probed convolution's input was not channels-last")

@@ -253,6 +253,7 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
         "nanopatch's source changed between its rounds (2 versions)"
     ]
     assert any(f.startswith("not accelerated") for f in rows["hf-nanopatch"]["details"]["findings"])
+    assert "may be the Trainer's bf16=True alone" in " ".join(rows["hf-bf16-nanopatch"]["details"]["findings"])
     assert rows["nanopatch"]["details"]["inside"] == "bf16 / contiguous"
     for name in ("nproc2", "ddp-stock", "timm-stock"):
         assert rows[name]["details"]["problems"] == [], name
