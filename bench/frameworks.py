@@ -157,10 +157,10 @@ VARIANTS = {
 }
 #: --variants shorthands
 GROUP_ALIASES = {
-    "lightning": [n for n, v in VARIANTS.items() if v.group == "lightning"],
-    "ddp": ["ddp-stock", "ddp-nanopatch"],
-    "hf": [n for n, v in VARIANTS.items() if v.group == "hf"],
-    "timm": [n for n, v in VARIANTS.items() if v.group == "timm"],
+    **{
+        alias: [n for n, v in VARIANTS.items() if v.group == group]
+        for alias, group in (("lightning", "lightning"), ("ddp", "lightning-ddp"), ("hf", "hf"), ("timm", "timm"))
+    },
     "all": list(VARIANTS),
 }
 BASELINE = {"lightning": "stock", "lightning-ddp": "ddp-stock", "hf": "hf-stock", "timm": "timm-stock"}

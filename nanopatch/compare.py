@@ -33,7 +33,7 @@ PATTERNS = {
     "rate": re.compile(rf"({_NUMBER})\s*(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b", re.I),
     "loss": re.compile(rf"\bloss\b\s*[:=]?\s*({_NUMBER})", re.I),
     # "acc@1: 71.2%", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
-    "accuracy": re.compile(rf"\bacc(?:uracy)?\b(?:@1)?\s*[:=]?\s*({_NUMBER})\s*(%|/\s*\d+)?", re.I),
+    "accuracy": re.compile(rf"\bacc(?:uracy)?\b(?:@1)?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
 }
 
 
@@ -54,11 +54,10 @@ class Run:
             for match in PATTERNS[key].finditer(line):
                 value, shown = float(match.group(1)), match.group(1)
                 if key == "accuracy" and match.group(2):
-                    unit = match.group(2).replace(" ", "")
-                    shown += unit
-                    if unit != "%":  # a count of a total
-                        value = 100.0 * value / max(int(unit[1:]), 1)
-                        shown += f" ({value:.1f}%)"
+                    shown += "%"
+                elif key == "accuracy" and match.group(3):  # a count of a total
+                    value = 100.0 * value / max(int(match.group(3)), 1)
+                    shown += f"/{match.group(3)} ({value:.1f}%)"
                 found = (value, shown)
         return found
 
