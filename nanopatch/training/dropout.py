@@ -2,33 +2,48 @@
 
 Dropout draws its mask with ``bernoulli_`` (``nn.Dropout``, ``F.dropout``, the attention dropout
 inside ``scaled_dot_product_attention``, ``Dropout2d``'s feature noise). On CPU that draws one
-value per element from torch's Mersenne Twister in one thread: ~4 ns an element, a quarter of a
-bf16 transformer step (bench/train_step.py, 24 masks of 1-4 M elements a step), more than all
-its attention matrix products.
+value per element from torch's Mersenne Twister in one thread.
 
-While a paired model's training forward runs, :class:`FastBernoulli` (a dispatch mode, so it
-also sees the calls torch's C++ operators make) fills a CPU floating tensor's ``bernoulli_(p)``
-from 64-bit draws of the same generator cut into four 16-bit lanes: an element is 1 when its lane
-falls below ``round(p * 65536)`` of the 65536 values. The mask has the distribution stock's has,
-with the probability rounded to 1/65536 (``p=0.9`` becomes 0.899994); it is not the same
-random stream, so a patched run's masks differ from stock's (as bf16 makes its numbers differ),
-and a seed still reproduces a run. Masks with ``p`` closer than 1/1024 to 0 or 1, small
-tensors, a generator that is not the CPU's, and everything else run stock. ``fast_dropout=False``
-turns it off.
+While the patch is on, nanopatch registers a kernel for that one operator,
+``aten::bernoulli_.float``, at the dispatcher's ``BackendSelect`` key: below autograd, autocast
+and any dispatch mode, just above the CPU kernel, so it also sees the calls torch's C++
+operators make. Inside a *mask region* (a paired model's training forward, and activation
+checkpointing's replay of one: :mod:`.replay`) it fills an eligible tensor from 64-bit draws of
+the same generator cut into four 16-bit lanes: an element is 1 when its lane falls below
+``round(p * 65536)`` of the 65536 values. The mask has the distribution stock's has, with the
+probability rounded to 1/65536 (``p=0.9`` becomes 0.899994); it is not the same random stream,
+so a patched run's masks differ from stock's (as bf16 makes its numbers differ), and a seed
+still reproduces a run. Everywhere else, and for masks with ``p`` closer than 1/1024 to 0 or 1,
+small tensors, a generator that is not the CPU's, the call goes on to the CPU kernel unchanged.
+``fast_dropout=False`` turns it off.
+
+It is a kernel for one operator, not a ``TorchDispatchMode``, on purpose: a mode receives every
+operator below autograd as one call, so a library that gives a CompositeImplicitAutograd
+operator a backend kernel of its own (IPEX registers a CPU ``aten::layer_norm``, whose autograd
+comes from the operators that kernel calls) records no autograd history under it, and every
+gradient before that operator is lost.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import _patching
+from .._log import log_once
+from .plan import TARGET, local
 
 _aten = torch.ops.aten
-#: tensors smaller than this draw their mask stock (the mode's own cost would outweigh the gain)
+#: tensors smaller than this draw their mask stock (the kernel's own cost would outweigh the gain)
 MIN_ELEMENTS = 4096
 _LANES = 65536
 _EDGE = 1 / 1024
+
+#: masks drawn fast in this process (a region compares it before and after)
+drawn = [0]
+_installed: list[Any] = []  # the journal's entry while the kernel is registered
 
 
 def eligible(tensor: torch.Tensor, p: Any, generator: Any) -> bool:
@@ -55,19 +70,65 @@ def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> tor
     return tensor
 
 
-class FastBernoulli(TorchDispatchMode):
-    """While entered, eligible ``bernoulli_(p)`` calls use :func:`fill_bernoulli`; ``drawn``
-    counts them."""
+def in_region() -> bool:
+    """Whether this thread is inside a mask region."""
+    return getattr(local, "masks", 0) > 0
 
-    drawn = 0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is _aten.bernoulli_.float:
-            tensor = args[0]
-            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-            generator = kwargs.get("generator")
-            if eligible(tensor, p, generator):
-                self.drawn += 1
-                return fill_bernoulli(tensor, p, generator)
-        return func(*args, **kwargs)
+def _kernel(keyset: Any, tensor: torch.Tensor, p: Any = 0.5, generator: Any = None) -> torch.Tensor:
+    if getattr(local, "masks", 0) > 0 and eligible(tensor, p, generator):
+        drawn[0] += 1
+        return fill_bernoulli(tensor, p, generator)
+    return _aten.bernoulli_.float.redispatch(
+        keyset.remove(torch._C.DispatchKey.BackendSelect), tensor, p, generator=generator
+    )
+
+
+def install() -> bool:
+    """Register the kernel while the training target is applied (an entry of the patch
+    engine's journal: unregistered at unpatch). Returns whether it is registered; when torch
+    cannot take it, says so once and masks stay stock."""
+    if _installed:
+        return True
+    try:
+        library = torch.library.Library("aten", "IMPL")
+        library.impl("bernoulli_.float", _kernel, "BackendSelect", with_keyset=True)
+    except Exception as exc:
+        log_once(
+            "fast-dropout-kernel",
+            "fast dropout masks off: torch %s cannot register the mask kernel (%s: %s)",
+            torch.__version__,
+            type(exc).__name__,
+            exc,
+            level=logging.INFO,
+        )
+        return False
+
+    def undo() -> None:
+        _installed.clear()
+        library._destroy()
+
+    _installed.append(_patching.on_undo(TARGET, undo, "aten::bernoulli_.float: fast dropout mask kernel"))
+    return True
+
+
+def installed() -> bool:
+    return bool(_installed)
+
+
+class region:
+    """A mask region for this thread (nestable): eligible ``bernoulli_(p)`` calls inside draw
+    fast; ``fast`` says afterwards whether any did."""
+
+    def __init__(self) -> None:
+        self.fast = False
+        self._before = 0
+
+    def __enter__(self) -> region:
+        self._before = drawn[0]
+        local.masks = getattr(local, "masks", 0) + 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        local.masks -= 1
+        self.fast = drawn[0] != self._before

@@ -132,30 +132,25 @@ class ours:
 
 
 class _FastMasks:
-    """:class:`dropout.FastBernoulli` for the outermost accelerated training call of a thread."""
+    """A :class:`dropout.region` around an accelerated training call; the plan notes whether
+    masks were drawn fast in it."""
 
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
-        self._mode: dropout.FastBernoulli | None = None
+        self._region = dropout.region()
 
     def __enter__(self) -> None:
-        if tls("masks", 0) == 0:
-            self._mode = dropout.FastBernoulli()
-            self._mode.__enter__()
-        local.masks += 1
+        self._region.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        local.masks -= 1
-        if self._mode is not None:
-            mode, self._mode = self._mode, None
-            mode.__exit__(*exc)
-            if mode.drawn:
-                self._plan.fast_dropout = True
+        self._region.__exit__(*exc)
+        if self._region.fast:
+            self._plan.fast_dropout = True
 
 
 def _fast_masks(plan: Plan) -> Any:
     active = config()
-    if active is None or not active.fast_dropout or plan.compile_mode:
+    if active is None or not active.fast_dropout or plan.compile_mode or not dropout.installed():
         return _nothing
     return _FastMasks(plan)
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import _malloc, _patching, runtime
 from .._log import log_once
-from . import discovery
+from . import discovery, dropout, replay
 from . import forward as fw
 from .plan import TARGET, lock, plans, state
 
@@ -48,6 +48,18 @@ def patch(config: Any) -> None:
         _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
     if config.malloc_reuse:
         _keep_freed_memory()
+    missing = replay.install()
+    if config.fast_dropout:
+        if missing:
+            # a replayed forward would draw stock masks where its forward drew fast ones
+            log_once(
+                "fast-dropout-replay",
+                "fast dropout masks off: activation checkpointing cannot be hooked on torch %s (%s)",
+                torch.__version__,
+                ", ".join(missing),
+            )
+        else:
+            dropout.install()
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
