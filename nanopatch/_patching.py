@@ -645,6 +645,8 @@ def status() -> dict[str, Any]:
             patcher = sys.modules.get(target.patcher)
             if state == "patched" and hasattr(patcher, "describe"):
                 target_info[name]["details"] = patcher.describe()
+            if patcher is not None and hasattr(patcher, "self_checks"):
+                target_info[name]["self_checks"] = patcher.self_checks()
         return {
             "patched": _active is not None,
             "options": config.as_dict() if config is not None else {},

@@ -172,7 +172,7 @@ def compare(stock: Sequence[Step], patched: Sequence[Step], tolerance: Tolerance
     if len(patched) < len(stock):
         problems.append(f"the patched run took {len(patched)} optimizer steps, stock {len(stock)}")
     scale = _scale(stock, tolerance.floor)
-    rows = [_row(i, s, p, scale) for i, (s, p) in enumerate(zip(stock, patched))]
+    rows = [_row(i, s, p, scale) for i, (s, p) in enumerate(zip(stock, patched, strict=False))]
     for row in rows:
         parts = []
         if row["grad_only_stock"]:
@@ -232,7 +232,7 @@ def _window_difference(
     """The relative difference of the two runs' mean losses over the ``window`` steps that
     end at step ``end`` (1-based)."""
     start = max(0, end - window)
-    pairs = [(s.loss, p.loss) for s, p in zip(stock[start:end], patched[start:end])]
+    pairs = [(s.loss, p.loss) for s, p in zip(stock[start:end], patched[start:end], strict=False)]
     pairs = [(s, p) for s, p in pairs if s is not None and p is not None and math.isfinite(s)]
     if not pairs:
         return None
@@ -242,6 +242,23 @@ def _window_difference(
 
 
 # --- recording a run ------------------------------------------------------------------
+
+_local = threading.local()
+
+
+class internal:
+    """While entered in a thread, that thread's optimizer steps and backward passes are not the
+    run's: a :class:`Recorder` ignores them (nanopatch's own self-check probes run so)."""
+
+    def __enter__(self) -> None:
+        _local.internal = getattr(_local, "internal", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.internal -= 1
+
+
+def _internal_now() -> bool:
+    return getattr(_local, "internal", 0) > 0
 
 
 def _gradient_state(grad: torch.Tensor | None) -> tuple[bool, bool, bool]:
@@ -293,7 +310,8 @@ class Recorder:
 
         def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             init.__get__(optimizer, type(optimizer))(*args, **kwargs)  # bound: a wrapper of it sees the instance
-            known.add(optimizer)
+            if not _internal_now():
+                known.add(optimizer)
 
         optimizer_init.__wrapped__ = init  # type: ignore[attr-defined]
         self._init = init
@@ -302,8 +320,9 @@ class Recorder:
         recorder = self
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            recorder._note_loss(tensors)
-            recorder._wrap_instance_steps()
+            if not _internal_now():
+                recorder._note_loss(tensors)
+                recorder._wrap_instance_steps()
             return original(tensors, *args, **kwargs)
 
         backward.__wrapped__ = original  # type: ignore[attr-defined]
@@ -356,12 +375,14 @@ class Recorder:
         return step
 
     def _global_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if _internal_now():
+            return
         self._known.add(optimizer)
         if optimizer not in self._wrapped:
             self._pre(optimizer)
 
     def _global_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if optimizer not in self._wrapped:
+        if not _internal_now() and optimizer not in self._wrapped:
             self._post(optimizer)
 
     def track(self, optimizer: Any) -> None:

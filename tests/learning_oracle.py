@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +30,11 @@ class Outcome:
     verdict: Verdict
     models: list[dict[str, Any]]  # status()'s training details of the patched run
     result: Any = None  # what the patched train() returned
+    warnings: list[str] = dataclasses.field(default_factory=list)  # NanopatchWarnings of the patched run
 
     def table(self) -> str:
         lines = ["step  optimizer   stock loss  patched loss  grads (stock/patched)  zero (stock/patched)"]
-        for row, s, p in zip(self.verdict.rows, self.stock, self.patched):
+        for row, s, p in zip(self.verdict.rows, self.stock, self.patched, strict=False):
             lines.append(
                 f"{row['step']:>4}  {row['optimizer']:<10} {_fmt(s.loss):>11} {_fmt(p.loss):>13}  "
                 f"{len(s.grads):>10}/{len(p.grads):<10}  {len(s.zero)}/{len(p.zero)}"
@@ -56,16 +58,30 @@ def seed_everything(seed: int) -> None:
         pass
 
 
-def record(train: Callable[[], Any], options: dict[str, Any] | None, seed: int = 0) -> tuple[list[Step], Any, list]:
-    """``train()`` under a recorder: stock when ``options`` is None, else patched with them."""
+#: what nanopatch may always say in a patched run: an IPEX bf16 model cannot be un-optimized
+ALWAYS_ALLOWED = (r"optimized by IPEX in bf16, which cannot be undone",)
+
+
+def record(
+    train: Callable[[], Any], options: dict[str, Any] | None, seed: int = 0
+) -> tuple[list[Step], Any, list, list[str]]:
+    """``train()`` under a recorder: stock when ``options`` is None, else patched with them.
+    Returns the steps, what ``train`` returned, status()'s training details and the
+    NanopatchWarnings issued."""
     seed_everything(seed)
     scope = nanopatch.unpatched() if options is None else nanopatch.patched(**options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NanopatchWarning)
-        with scope, Recorder() as recorder:
+    models: list[dict[str, Any]] = []
+
+    def snapshot(_: Recorder) -> None:  # while the models are alive (their plans go with them)
+        if options is not None:
+            models[:] = _training_details()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NanopatchWarning)
+        with scope, Recorder(on_step=snapshot) as recorder:
             result = train()
-            models = [] if options is None else _training_details()
-    return recorder.steps, result, models
+    said = [str(w.message) for w in caught if issubclass(w.category, NanopatchWarning)]
+    return recorder.steps, result, models, said
 
 
 def _training_details() -> list[dict[str, Any]]:
@@ -78,7 +94,12 @@ def accelerated(models: list[dict[str, Any]]) -> bool:
         if model.get("model") is None or model.get("stock") is not None or not model.get("training_calls"):
             continue
         notes = " ".join(model.get("notes", []))
-        if model.get("computed_in") == "bfloat16" or model.get("ipex") or model.get("channels_last") or " step" in notes:
+        if (
+            model.get("computed_in") == "bfloat16"
+            or model.get("ipex")
+            or model.get("channels_last")
+            or " step" in notes
+        ):
             return True
     return False
 
@@ -91,14 +112,22 @@ def learns_as_stock(
     tolerance: Tolerance | None = None,
     min_steps: int = 1,
     require_acceleration: bool = True,
+    expect_warnings: tuple[str, ...] = (),
 ) -> Outcome:
     """Run ``train`` stock, then patched with ``options`` (default: ``patch_torch()``'s
     defaults), from ``seed``; fail with the per-step table unless the patched run learns as
-    stock and accelerated a model."""
-    stock, _, _ = record(train, None, seed)
-    patched, result, models = record(train, dict(options or {}), seed)
+    stock and accelerated a model. A NanopatchWarning of either run fails it too, unless it
+    matches one of ``expect_warnings`` (regular expressions), each of which must be issued."""
+    stock, _, _, stock_said = record(train, None, seed)
+    assert not stock_said, f"the stock run issued NanopatchWarnings: {stock_said}"
+    patched, result, models, said = record(train, dict(options or {}), seed)
     verdict = compare(stock, patched, tolerance)
-    outcome = Outcome(stock, patched, verdict, models, result)
+    outcome = Outcome(stock, patched, verdict, models, result, said)
+    allowed = (*expect_warnings, *ALWAYS_ALLOWED)
+    unexpected = [text for text in said if not any(re.search(pattern, text) for pattern in allowed)]
+    assert not unexpected, f"the patched run issued NanopatchWarnings: {unexpected}"
+    for pattern in expect_warnings:
+        assert any(re.search(pattern, text) for text in said), f"no NanopatchWarning matched {pattern!r}: {said}"
     assert len(stock) >= min_steps, f"the stock run took {len(stock)} optimizer steps (expected >= {min_steps})"
     assert verdict.learns, f"{verdict.summary()}\n{outcome.table()}"
     if require_acceleration:

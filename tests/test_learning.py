@@ -203,9 +203,7 @@ def tiny_gpt2(transformers):
 
 def hf_batches(n: int = 3):
     g = torch.Generator().manual_seed(4)
-    return [
-        (torch.randint(0, 512, (8, 32), generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(n)
-    ]
+    return [(torch.randint(0, 512, (8, 32), generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(n)]
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])

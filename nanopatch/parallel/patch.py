@@ -50,6 +50,7 @@ from .. import _patching
 from .._log import log_once
 from ..training import patch as training
 from ..training.optim import around_step
+from ..training.plan import local as training_local
 from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
@@ -91,7 +92,8 @@ def _internal():
 
 
 def _is_internal() -> bool:
-    return getattr(_local, "depth", 0) > 0
+    """Inside nanopatch's own work: here, or training's (its self-check probes, IPEX's setup)."""
+    return getattr(_local, "depth", 0) > 0 or getattr(training_local, "busy", 0) > 0
 
 
 # --- the process group ----------------------------------------------------------------

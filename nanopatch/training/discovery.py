@@ -32,8 +32,8 @@ from torch import nn
 
 from .. import _patching
 from .._log import log_once, warn_once
+from . import dropout, ipex, optim, selfcheck
 from . import forward as fw
-from . import ipex, optim
 from . import memory_format as mf
 from .plan import TARGET, Plan, Trial, config, data_parallel, doubtful, local, lock, plans, tls
 
@@ -189,6 +189,8 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
     why = ipex.why_not(model, optimizer, lib)
     if why is not None:
         return why
+    if not selfcheck.ipex_ok(optimizer, bf16):
+        return "IPEX failed nanopatch's self-check on this torch"
     rank = mf.channels_last_rank(model)  # before IPEX swaps its convolutions for its own modules
     ipex.optimize(model, optimizer, bf16)
     with lock:
@@ -198,6 +200,11 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
 
 def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, cfg: Any) -> None:
     bf16 = bool(cfg.bf16)
+    planned_rank = mf.channels_last_rank(model) if cfg.channels_last else None
+    if not selfcheck.forward_ok(torch.bfloat16 if bf16 else None, planned_rank):
+        plan.stock = f"nanopatch's accelerated forward failed its self-check on torch {torch.__version__}"
+        log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
+        return
     if optimizer in ahead:  # IPEX applied before training (the weights are IPEX's, bf16 ones included)
         ahead_bf16, rank = ahead[optimizer]
         plan.ipex = True
@@ -226,6 +233,9 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     if plan.amp_dtype is not None and not plan.ipex and doubtful(model):
         plan.trial = Trial()
     plan.compile_mode = cfg.compile
+    plan.masks = bool(cfg.fast_dropout) and not cfg.compile and dropout.installed()
+    if plan.masks:
+        plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None
     engine = data_parallel()
     plan.ddp = engine.attach(module, model, optimizer) if engine is not None else None
@@ -255,6 +265,8 @@ def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, b
         why = "the model was found inside optimizer.step(closure), where IPEX cannot replace the step"
     else:
         why = ipex.why_not(model, optimizer, lib)
+        if why is None and not selfcheck.ipex_ok(optimizer, bf16):
+            why = f"it failed nanopatch's self-check on torch {torch.__version__}"
     if why is not None:
         plan.notes.append(f"IPEX not used: {why}")
         log_once("ipex-skip", "%s: IPEX not used (%s); native path", plan.name, why, about=module)

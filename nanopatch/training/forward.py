@@ -150,7 +150,7 @@ class _FastMasks:
 
 def _fast_masks(plan: Plan) -> Any:
     active = config()
-    if active is None or not active.fast_dropout or plan.compile_mode or not dropout.installed():
+    if active is None or not active.fast_dropout or not plan.masks or plan.compile_mode or not dropout.installed():
         return _nothing
     return _FastMasks(plan)
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .. import _patching
+from . import selfcheck
 from .plan import TARGET
 
 _FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
@@ -72,7 +73,7 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
     if flag is None or optimizer in _fast:
         return None
     changed = [i for i, g in enumerate(optimizer.param_groups) if _eligible(g, flag)]
-    if not changed:
+    if not changed or not selfcheck.step_ok(optimizer, flag):
         return None
     for i in changed:
         optimizer.param_groups[i][flag] = True

@@ -22,11 +22,11 @@ from torch import nn
 
 from .. import _malloc, _patching, runtime
 from .._log import log_once
-from . import discovery, dropout, replay
+from . import discovery, dropout, replay, selfcheck
 from . import forward as fw
 from .plan import TARGET, lock, plans, state
 
-__all__ = ["describe", "patch", "plans", "release_data_parallel", "summary", "training_now", "unpatch"]
+__all__ = ["describe", "patch", "plans", "release_data_parallel", "self_checks", "summary", "training_now", "unpatch"]
 
 #: torch versions this target is written against (module hooks with always_call, autocast on CPU).
 SUPPORTED = {"torch": ">=2.1"}
@@ -112,6 +112,12 @@ def describe() -> list[dict[str, Any]]:
         for entry in discovery.unaccelerated:
             found.append({"model": None, "optimizers": [entry["optimizer"]], "stock": entry["reason"]})
         return found
+
+
+def self_checks() -> list[dict[str, Any]]:
+    """The self-check probes run in this process (:mod:`.selfcheck`): which fast path, whether
+    it agreed with stock, and why not."""
+    return selfcheck.results()
 
 
 def summary() -> list[str]:

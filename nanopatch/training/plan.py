@@ -90,6 +90,7 @@ class Plan:
     training_calls: int = 0
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
+    masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
 
