@@ -238,6 +238,10 @@ def _major_minor(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+#: the newest IPEX (major, minor) whose import needs transformers < 5 when transformers is installed
+IPEX_WITH_TRANSFORMERS_4 = (2, 8)
+
+
 def ipex_compatibility() -> tuple[bool, str]:
     """Whether IPEX is installed and built for the installed torch, judged from package
     metadata only: importing a mismatched IPEX terminates the interpreter."""
@@ -251,6 +255,18 @@ def ipex_compatibility() -> tuple[bool, str]:
         return False, (
             f"intel-extension-for-pytorch {ipex} needs torch "
             f"{'.'.join(map(str, _major_minor(ipex)))}.*, but torch {torch} is installed"
+        )
+    transformers = distribution_version("transformers")
+    if (
+        transformers is not None
+        and _major_minor(ipex) <= IPEX_WITH_TRANSFORMERS_4
+        and _major_minor(transformers) >= (5, 0)
+    ):
+        # its import reaches transformers' attention-mask helpers, gone in 5.x, and dies halfway
+        # (after registering its operators): not something to import
+        return False, (
+            f"intel-extension-for-pytorch {ipex} cannot be imported next to transformers {transformers} "
+            "(it needs transformers < 5)"
         )
     return True, f"intel-extension-for-pytorch {ipex} matches torch {torch}"
 

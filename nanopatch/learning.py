@@ -460,14 +460,22 @@ def _live(kind: type) -> list[Any]:
 
 def _holders(params: list[torch.Tensor]) -> list[nn.Module]:
     """The largest modules (by parameter count) that together hold ``params``: the models an
-    optimizer trains, found among the live modules."""
+    optimizer trains, found among the live modules. Of modules holding the same parameters (a
+    DistributedDataParallel or a LightningModule around the model), the innermost: the names
+    then do not depend on a wrapper one run has and the other has not."""
     wanted = {id(p) for p in params}
-    candidates = []
+    by_holding: dict[tuple[frozenset[int], int], list[nn.Module]] = {}
     for module in _live(nn.Module):
         ids = {id(p) for p in module.parameters()}
         covered = ids & wanted
         if covered:
-            candidates.append((len(covered), -len(ids), module, covered))
+            by_holding.setdefault((frozenset(covered), len(ids)), []).append(module)
+    candidates = []
+    for (covered, total), modules in by_holding.items():
+        innermost = next(
+            (m for m in modules if all(any(sub is m for sub in other.modules()) for other in modules)), modules[0]
+        )
+        candidates.append((len(covered), -total, innermost, set(covered)))
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     chosen, left = [], set(wanted)
     for _, _, module, covered in candidates:

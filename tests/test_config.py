@@ -50,6 +50,22 @@ def test_ipex_compatibility_from_metadata(machine, ipex, torch, expected, reason
     assert cfg.ipex is expected and reason in cfg.reasons["ipex"]
 
 
+@pytest.mark.parametrize(
+    ("transformers", "expected"), [(None, True), ("4.57.6", True), ("5.0.0", False), ("5.24.0", False)]
+)
+def test_ipex_2_8_is_not_imported_next_to_transformers_5(machine, monkeypatch, transformers, expected):
+    """IPEX 2.8's import dies halfway under transformers 5 (after registering its operators):
+    the metadata says so before anything is imported."""
+    versions = {"intel-extension-for-pytorch": "2.8.0", "torch": "2.8.0", "transformers": transformers}
+    monkeypatch.setattr(config, "distribution_version", versions.get)
+    cfg = config.resolve()
+    assert cfg.ipex is expected
+    if not expected:
+        assert (
+            f"cannot be imported next to transformers {transformers} (it needs transformers < 5)" in cfg.reasons["ipex"]
+        )
+
+
 def test_precedence_argument_over_environment_over_auto(machine, monkeypatch):
     monkeypatch.setenv("NANOPATCH_BF16", "0")
     monkeypatch.setenv("NANOPATCH_VISION", "off")
