@@ -113,11 +113,14 @@ def learns_as_stock(
     min_steps: int = 1,
     require_acceleration: bool = True,
     expect_warnings: tuple[str, ...] = (),
+    final_within: float | None = 0.05,
 ) -> Outcome:
     """Run ``train`` stock, then patched with ``options`` (default: ``patch_torch()``'s
     defaults), from ``seed``; fail with the per-step table unless the patched run learns as
     stock and accelerated a model. A NanopatchWarning of either run fails it too, unless it
-    matches one of ``expect_warnings`` (regular expressions), each of which must be issued."""
+    matches one of ``expect_warnings`` (regular expressions), each of which must be issued.
+    ``final_within``: the suite's models are held to a final loss within this of stock's even
+    where stock's own noise would allow more (the models are chosen so that it holds)."""
     stock, _, _, stock_said = record(train, None, seed)
     assert not stock_said, f"the stock run issued NanopatchWarnings: {stock_said}"
     patched, result, models, said = record(train, dict(options or {}), seed)
@@ -130,6 +133,11 @@ def learns_as_stock(
         assert any(re.search(pattern, text) for text in said), f"no NanopatchWarning matched {pattern!r}: {said}"
     assert len(stock) >= min_steps, f"the stock run took {len(stock)} optimizer steps (expected >= {min_steps})"
     assert verdict.learns, f"{verdict.summary()}\n{outcome.table()}"
+    if final_within is not None and verdict.final_difference is not None:
+        assert verdict.final_difference <= final_within, (
+            f"the final loss is {verdict.final_difference:.1%} from stock's (more than {final_within:.0%})\n"
+            f"{outcome.table()}"
+        )
     if require_acceleration:
         assert accelerated(models), f"the patched run accelerated nothing: {models}"
     return outcome

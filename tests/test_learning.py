@@ -7,6 +7,7 @@ patched run's gradients as they are without it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -18,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import nanopatch
 from nanopatch import config
+from nanopatch.learning import Tolerance
 
 #: optimizer steps per run (the issue's "loss within 5% at step 12")
 STEPS = 12
@@ -96,7 +98,7 @@ def test_an_lstm_lm_with_dropout_learns_as_stock():
     learns_as_stock(train, min_steps=STEPS)
 
 
-def image_batches(n: int = 6, batch: int = 32, size: int = 32, classes: int = 10) -> list[tuple]:
+def image_batches(n: int = 6, batch: int = 32, size: int = 32, classes: int = 10, noise: float = 1.5) -> list[tuple]:
     """Images of ten classes, each a fixed random template plus noise: a task a ResNet learns
     step by step (not random images it can only memorise)."""
     g = torch.Generator().manual_seed(2)
@@ -104,7 +106,7 @@ def image_batches(n: int = 6, batch: int = 32, size: int = 32, classes: int = 10
     batches = []
     for _ in range(n):
         labels = torch.randint(0, classes, (batch,), generator=g)
-        batches.append((templates[labels] + 1.5 * torch.randn(batch, 3, size, size, generator=g), labels))
+        batches.append((templates[labels] + noise * torch.randn(batch, 3, size, size, generator=g), labels))
     return batches
 
 
@@ -113,10 +115,11 @@ def test_a_resnet_with_sgd_and_momentum_learns_as_stock():
 
     def train():
         model = torchvision.models.resnet18(num_classes=10)
-        # lr 0.002: by-hand bf16 autocast stays within 2% of fp32 here (at 0.01 the loss leaps between
-        # steps and by-hand bf16 ends 32% from fp32, as nanopatch does: see learning.Tolerance)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
-        loop(model, optimizer, image_batches(), lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+        # lr 0.001 and batches of 64: nanopatch's final loss stays within 3% of stock's over seeds 0-3
+        # here. At lr 0.01 on batches of 16 the loss leaps between steps and bf16 autocast written by
+        # hand ends 32% from fp32, as nanopatch does (learning.Tolerance widens to such noise).
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+        loop(model, optimizer, image_batches(batch=64), lambda m, b: F.cross_entropy(m(b[0]), b[1]))
 
     outcome = learns_as_stock(train, min_steps=STEPS)
     assert any(m["channels_last"] for m in outcome.models)
@@ -179,7 +182,7 @@ def train_gan(iterations: int = STEPS // 2) -> None:
 
 def test_a_gan_with_two_optimizers_learns_as_stock():
     outcome = learns_as_stock(train_gan, min_steps=STEPS)
-    assert [s.optimizer for s in outcome.stock[:2]] == ["Adam", "Adam"]
+    assert [s.optimizer for s in outcome.stock[:2]] == ["Adam", "Adam#2"]
     assert len([m for m in outcome.models if m.get("computed_in") == "bfloat16"]) == 2, outcome.models
 
 
@@ -366,3 +369,214 @@ def test_hugging_face_gradient_checkpointing_leaves_a_patched_runs_gradients_as_
         checkpointed = gradients_after(lambda: gradients(True))
     difference = relative_difference(checkpointed, plain)
     assert difference <= (0.01 if reentrant else 0.0), difference
+
+
+# --- frameworks -------------------------------------------------------------------------------
+
+
+def token_dataset(n: int = 96, vocab: int = 512, length: int = 32):
+    g = torch.Generator().manual_seed(8)
+    return torch.randint(0, vocab, (n, length + 1), generator=g)
+
+
+def lightning_module(L, manual: bool):
+    class LitLM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = TransformerLM()
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            (tokens,) = batch
+            loss = lm_loss(self.model, tokens)
+            if manual:
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return LitLM()
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_a_lightning_module_learns_as_stock(manual):
+    """Automatic optimization runs the forward inside optimizer.step(closure); manual
+    optimization calls manual_backward and step itself."""
+    L = framework("lightning.pytorch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def train():
+        module = lightning_module(L, manual)
+        trainer = L.Trainer(
+            max_steps=STEPS,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(module, DataLoader(TensorDataset(token_dataset()), batch_size=8, shuffle=False))
+
+    learns_as_stock(train, min_steps=STEPS)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_a_hugging_face_trainer_run_learns_as_stock(tmp_path, checkpointing):
+    transformers = framework("transformers")
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.data = hf_batches(n=12)
+
+        def __len__(self) -> int:
+            return 8 * len(self.data)
+
+        def __getitem__(self, i: int) -> dict:
+            ids, labels = self.data[i // 8]
+            return {"input_ids": ids[i % 8], "labels": labels[i % 8]}
+
+    def train():
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"),
+            max_steps=STEPS,
+            per_device_train_batch_size=8,
+            learning_rate=1e-3,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+            gradient_checkpointing=checkpointing,
+            disable_tqdm=True,
+        )
+        transformers.Trainer(model=tiny_bert(transformers), args=args, train_dataset=Tokens()).train()
+
+    learns_as_stock(train, min_steps=STEPS)
+
+
+def test_a_timm_loop_with_its_optimizer_factory_and_ema_learns_as_stock():
+    framework("timm")
+    import timm
+    import timm.optim
+    from timm.utils import ModelEmaV3
+
+    def train():
+        model = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            img_size=32,
+            patch_size=8,
+            depth=2,
+            num_classes=10,
+            drop_rate=0.0,  # timm's default head; attention dropout and drop-path as fine-tuning uses them
+            attn_drop_rate=0.1,
+            drop_path_rate=0.1,
+        )
+        optimizer = timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+        ema = ModelEmaV3(model, decay=0.9)
+        model.train()
+        for step in range(STEPS):
+            images, labels = image_batches(batch=64)[step % 6]
+            optimizer.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            ema.update(model)
+
+    learns_as_stock(train, min_steps=STEPS)
+
+
+def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
+    """``--nproc 2`` (auto_lr off: the same learning rate) against the same script run alone
+    with the doubled batch: DDP averages the two halves' gradients, so the steps match; the
+    loss is the mean of the two ranks' halves."""
+    import json
+
+    from nanopatch import cpu
+    from nanopatch.learning import Step, compare
+
+    from conftest import TESTS_DIR, child_env, run_python
+
+    if len(cpu.host_facts().allowed_cpus) < 2:
+        pytest.skip("needs two CPUs")
+    script = str(TESTS_DIR / "data" / "learn_nproc.py")
+    stock_out, dp_out = tmp_path / "stock", tmp_path / "dp"
+    stock_out.mkdir(), dp_out.mkdir()
+    run_python([script, "--out", str(stock_out), "--batch", "32"], env=child_env(), check=True, timeout=300)
+    run_python(
+        ["-m", "nanopatch", "--nproc", "2", "--no-auto-lr", script, "--out", str(dp_out), "--batch", "16"],
+        env=child_env(),
+        check=True,
+        timeout=300,
+    )
+
+    def steps(path):
+        return [Step.from_dict(s) for s in json.loads(path.read_text())["steps"]]
+
+    stock = steps(stock_out / "rank0.json")
+    ranks = [steps(dp_out / f"rank{r}.json") for r in (0, 1)]
+    assert json.loads((dp_out / "rank1.json").read_text())["world"] == "2"
+    assert len(stock) == len(ranks[0]) == len(ranks[1]) == 12
+    for rank in ranks:
+        verdict = compare(stock, rank, Tolerance(final=1.0, step=1.0))  # the gradients and updates, step by step
+        assert verdict.learns, verdict.summary()
+    mean = [
+        Step(a.optimizer, (a.loss + b.loss) / 2, a.grads, a.updated, a.zero, a.nonfinite)
+        for a, b in zip(ranks[0], ranks[1], strict=True)
+    ]
+    verdict = compare(stock, mean)
+    assert verdict.learns, verdict.summary()
+
+
+# --- the oracle catches what it is for ----------------------------------------------------------
+
+
+def test_the_oracle_catches_a_cut_gradient_path():
+    """A patched run in which the layers before one module lose their gradients, as under the
+    defect issue 23 found: the oracle names them."""
+
+    def train():
+        model = TransformerLM()
+        if nanopatch.is_patched():
+            model.embed.register_forward_hook(lambda module, args, out: out.detach())
+        loop(model, torch.optim.AdamW(model.parameters(), lr=1e-3), lm_batches(), lm_loss)
+
+    with pytest.raises(AssertionError, match=r"at step 1, 1 of \d+ parameters .* got none patched \(embed\.weight\)"):
+        learns_as_stock(train)
+
+
+def test_under_a_dispatch_mode_ipexs_layer_norm_cuts_the_gradients():
+    """Why fast dropout masks are a kernel for one operator and no longer a dispatch mode: IPEX
+    gives aten::layer_norm a CPU kernel whose autograd comes from the operators it calls, and
+    under any TorchDispatchMode those record nothing. A mode that only passes every call on
+    cuts the gradients of every layer before a layer norm."""
+    ok, why = config.ipex_compatibility()
+    if not ok:
+        if os.environ.get("NANOPATCH_TEST_REQUIRE_IPEX") == "1":
+            pytest.fail(f"the ipex env must test IPEX, but {why}")
+        pytest.skip(f"IPEX: {why}")
+    import intel_extension_for_pytorch  # noqa: F401 - registers IPEX's operators
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def train():
+        model = TransformerLM()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(4):
+            optimizer.zero_grad()
+            with PassThrough() if nanopatch.is_patched() else contextlib.nullcontext():
+                loss = lm_loss(model, lm_batches()[step % 3])
+            loss.backward()
+            optimizer.step()
+
+    with pytest.raises(AssertionError, match="got none patched"):
+        learns_as_stock(train, {"fast_dropout": False})
