@@ -10,23 +10,18 @@ processes (DataLoader workers started by spawn or forkserver, subprocesses) are 
 from __future__ import annotations
 
 import argparse
-import builtins
-import importlib.machinery
-import importlib.util
-import io
 import json
 import logging
 import os
-import runpy
 import sys
-import types
-import zipfile
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__, config, launch, runtime
 from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
 from ._log import configure_stderr
+from ._scripts import NoModule, run_module, run_script
+from .verify import DEFAULT_STEPS
 
 #: ``--compare`` asks the patched run to write its account of what it accelerated here
 REPORT_VARIABLE = "NANOPATCH_REPORT"
@@ -36,6 +31,7 @@ USAGE = (
     "       python -m nanopatch [options] -m module [args ...]\n"
     "       python -m nanopatch --nproc N [options] script.py [args ...]\n"
     "       python -m nanopatch --compare [options] script.py [args ...]\n"
+    "       python -m nanopatch --verify [N] [options] script.py [args ...]\n"
     "       python -m nanopatch --info [--json]\n"
     '       eval "$(python -m nanopatch --init [--no-pin-threads] [--allocator NAME])"'
 )
@@ -43,10 +39,6 @@ USAGE = (
 
 class _UsageError(Exception):
     """Bad runner arguments: exit code 2, as argparse uses."""
-
-
-class _NoModule(Exception):
-    """``-m`` names no importable module: exit code 1, as ``python -m`` uses."""
 
 
 def _compile_mode(text: str) -> Any:
@@ -99,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the script twice, stock then patched (same arguments), and print a side-by-side table "
         "of wall time, images/s, final loss and accuracy",
     )
+    parser.add_argument(
+        "--verify",
+        nargs="?",
+        const=DEFAULT_STEPS,
+        default=None,
+        type=launch._positive,
+        metavar="N",
+        help=f"run the script for N optimizer steps (default {DEFAULT_STEPS}) stock and patched from one seed, print "
+        "per step the losses, the parameters that got a gradient in one run only and the largest parameter drift, "
+        "and whether the patched run learns as stock; exit status 0 if it does, 1 if not, 3 if a run failed",
+    )
     parser.add_argument("--info", action="store_true", help="print the capability report and exit")
     parser.add_argument(
         "--init",
@@ -143,6 +146,8 @@ def split_argv(
         if word.startswith("-") and word != "-":
             action = parser._option_string_actions.get(word.split("=", 1)[0])
             takes_next = action is not None and "=" not in word and action.nargs not in (0, "?", "*")
+            if action is not None and action.dest == "verify" and "=" not in word:  # --verify [N]
+                takes_next = i + 1 < len(argv) and argv[i + 1].isdigit()
             i += 2 if takes_next else 1
             continue
         return argv[:i], "script", word, argv[i + 1 :]
@@ -157,56 +162,6 @@ def export_environment(cfg: config.Config, log_level: str | None) -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if BOOTSTRAP_DIR not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
-
-
-def run_script(path: str, args: Sequence[str]) -> None:
-    # `python script.py` puts the script's directory first on sys.path; `python -m nanopatch`
-    # put the current directory there instead, and the `nanopatch` command its bin/ folder.
-    launcher_dir = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
-    sys.argv[:] = [path, *args]
-    script_dir = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
-    if sys.path and sys.path[0] in ("", os.getcwd(), launcher_dir):
-        sys.path[0] = script_dir
-    else:
-        sys.path.insert(0, script_dir)
-    if os.path.isfile(path) and not zipfile.is_zipfile(path):
-        exec_script(path)
-    else:  # a directory or zip application with a __main__.py
-        runpy.run_path(path, run_name="__main__")
-
-
-def exec_script(path: str) -> None:
-    """Run a source file as ``__main__`` the way ``python script.py`` does: ``sys.argv[0]``
-    as typed but ``__file__`` absolute (runpy would give both the same value), ``__spec__``
-    None, and the module left in ``sys.modules`` for the rest of the process (atexit
-    handlers, pickling of classes defined in the script, spawn children)."""
-    filename = os.path.abspath(path)
-    with io.open_code(filename) as source_file:
-        source = source_file.read()
-    code = compile(source, filename, "exec", dont_inherit=True)
-    module = types.ModuleType("__main__")
-    module.__dict__.update(
-        __file__=filename,
-        __cached__=None,
-        __builtins__=builtins,
-        __loader__=importlib.machinery.SourceFileLoader("__main__", filename),
-        __spec__=None,
-    )
-    sys.modules["__main__"] = module
-    exec(code, module.__dict__)
-
-
-def run_module(name: str, args: Sequence[str]) -> None:
-    # alter_sys=True sets sys.argv[0] to the module's file, as `python -m` does; sys.path[0]
-    # is already the current directory because we were started with -m ourselves.
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
-        found = False
-    if not found:
-        raise _NoModule(f"No module named {name}")
-    sys.argv[:] = [name, *args]
-    runpy.run_module(name, run_name="__main__", alter_sys=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
+    if opts.verify is not None:
+        if opts.compare or launch.wants_launch(opts):
+            parser.error(
+                "--verify runs the script in one process at a time: it goes with neither --compare nor --nproc"
+            )
+        from .verify import verify
+
+        return verify(own, target_argv, opts.verify)
     if opts.compare:
         from .compare import compare
 
@@ -298,7 +261,7 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
             run_module(target, script_args)
         else:
             run_script(target, script_args)
-    except _NoModule as exc:
+    except NoModule as exc:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 1
     finally:

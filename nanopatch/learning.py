@@ -121,7 +121,11 @@ class Verdict:
 
     def summary(self) -> str:
         if self.learns:
-            final = f", final loss within {self.final_difference:.1%}" if self.final_difference is not None else ""
+            final = ""
+            if self.final_difference is not None:
+                final = f", final loss within {self.final_difference:.1%}"
+                if self.final_bound > Tolerance.final:
+                    final += f" (stock's own loss moves {self.stock_noise:.0%} from step to step)"
             return f"learns as stock ({len(self.rows)} steps: the same parameters got gradients and updates{final})"
         return "does not learn as stock: " + "; ".join(self.problems)
 

@@ -26,13 +26,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
 from nanopatch import NanopatchWarning
 
 from conftest import REPO_ROOT, TESTS_DIR, child_env, run_python
-from data.fw_models import PickleNet
+from data.fw_models import PickleNet, Sentences
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -424,23 +424,6 @@ def test_lightning_ddp_over_the_processes_of_nproc(tmp_path):
 
 
 # --- Hugging Face Trainer and accelerate ------------------------------------------------------
-
-
-class Sentences(Dataset):
-    """Random token sequences whose first token (1 or 2) gives the label; a dict per item, as
-    HF collators expect."""
-
-    def __init__(self, n: int = 24, length: int = 16, vocab: int = 100) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(3, vocab, (n, length), generator=g)
-        self.labels = torch.arange(n) % 2
-        self.ids[:, 0] = 1 + self.labels
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.labels[i]}
 
 
 def hf_run(transformers, patched: bool, bf16: bool, output_dir: Path):

@@ -1,8 +1,28 @@
-"""Model classes for tests/test_frameworks.py that a fresh interpreter must be able to import
-(whole-model pickles are loaded there without nanopatch): plain torch, nothing else."""
+"""Model and data classes for tests/test_frameworks.py and the test scripts beside this file
+that a fresh interpreter must be able to import (whole-model pickles are loaded there without
+nanopatch): plain torch, nothing else."""
 
+import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset
+
+
+class Sentences(Dataset):
+    """Random token sequences whose first token (1 or 2) gives the label; a dict per item, as
+    HF collators expect."""
+
+    def __init__(self, n: int = 24, length: int = 16, vocab: int = 100) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, vocab, (n, length), generator=g)
+        self.labels = torch.arange(n) % 2
+        self.ids[:, 0] = 1 + self.labels
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.labels[i]}
 
 
 class PickleNet(nn.Module):
