@@ -55,14 +55,24 @@ nanopatch, the nanopatch variants do, ``bf16-mixed`` computed in bf16, the probe
 steps, the process count and world size, and for two processes that their parameters are equal
 after the run and that they saw different data) and prints every failed check.
 
+Each variant must learn as stock before it gets a rate: its first run (the first that ran, if
+that failed) records its first ``--learning-steps`` optimizer steps from the seed before its
+warm-up, with ``nanopatch.learning.Recorder`` around the framework's own loop (parameters named by
+the user's model, whatever wraps it), and writes them with its result (rank 0's are judged). The
+parent judges them with ``nanopatch.learning.compare`` (the test suite's definition) against its
+group's stock, or for two processes against ``ddp-stock`` when it ran (data-parallel ranks see
+other batches than one process). A variant that does not learn as stock is printed "does not
+learn" with the verdict, and keeps no rate, ratio, target or timing in its row and runs.
+
 ``other load`` is the CPU time the rest of the machine took during a run (from ``/proc/stat``,
 less this run's own processes), as a share of all CPUs, the most of any round; above 5% the report
 warns that the rates are suspect.
 
     PYTHONPATH=. python bench/frameworks.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
-        [--variants stock,bf16-mixed,...|lightning,ddp,hf,timm] [--image-size 224] [--json PATH]
+        [--learning-steps 6] [--variants stock,bf16-mixed,...|lightning,ddp,hf,timm] [--image-size 224]
+        [--json PATH]
 
-``--quick``: 2 rounds of 2 steps after 1 warm-up step. See bench/README.md.
+``--quick``: 2 rounds of 2 steps after 1 warm-up step, 3 learning steps. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -164,6 +174,10 @@ GROUP_ALIASES = {
     "all": list(VARIANTS),
 }
 BASELINE = {"lightning": "stock", "lightning-ddp": "ddp-stock", "hf": "hf-stock", "timm": "timm-stock"}
+#: processes -> the stock run a variant's learning record is judged against, before its group's own
+#: stock: two data-parallel processes see other batches than one, so a 2-process run is compared
+#: with stock Lightning's 2-process DDP run (``ddp-stock``) when it ran
+LEARNING_BASELINE = {2: "ddp-stock"}
 #: the framework's (or the user's) own bf16 autocast: the "x bf16-mixed" / "x hf-bf16" / "x timm-autocast" column
 SECOND_BASELINE = {"lightning": "bf16-mixed", "hf": "hf-bf16", "timm": "timm-autocast"}
 #: Variant.precision in words
@@ -197,11 +211,13 @@ TARGETS = (
 
 
 class Clock:
-    """Times the steps after the warm-up: the span from the first timed step's start to the
-    last one's end, each step's own time, and the process's CPU time over the span."""
+    """Times the steps after the learning and warm-up steps: the span from the first timed step's
+    start to the last one's end, each step's own time, and the process's CPU time over the span.
+    The first ``learning.steps`` steps are recorded for the learning check (``--learn``)."""
 
-    def __init__(self, warmup: int, steps: int, probe: h.Probe) -> None:
-        self.warmup, self.steps, self.probe = warmup, steps, probe
+    def __init__(self, args: argparse.Namespace, probe: h.Probe, learning: h.Learning) -> None:
+        self.learning = learning
+        self.warmup, self.steps, self.probe = learning.steps + args.warmup, args.steps, probe
         self.seen = 0
         self.step_s: list[float] = []
         self.first_batch: float | None = None
@@ -230,6 +246,9 @@ class Clock:
         if self.seen >= self.warmup:
             self.step_s.append(now - self.before)
         self.seen += 1
+        self.learning.after_step()
+        if self.seen == self.learning.steps:
+            self.learning.stop()
         if self.seen == self.warmup + self.steps:
             self.t1, self.cpu1 = now, time.process_time()
             self.probe.active = False
@@ -241,11 +260,18 @@ class Clock:
             "seconds": self.t1 - self.t0,
             "cpu_s": self.cpu1 - self.cpu0,
             "step_s": self.step_s,
-            "steps_seen": self.seen,
+            "steps_seen": self.seen - self.learning.steps,
+            "learning_steps": self.learning.steps,
+            "learning": self.learning.record,
             "setup_s": (self.first_step_at or self.started) - self.started,
             "warmup_s": self.t0 - (self.first_step_at or self.t0),
             "first_batch": self.first_batch,
         }
+
+
+def total_steps(args: argparse.Namespace) -> int:
+    """The steps a run takes: the recorded learning steps, the warm-up and the timed steps."""
+    return args.learn + args.warmup + args.steps
 
 
 def checksum(batch) -> float:
@@ -272,7 +298,7 @@ def image_loader(args: argparse.Namespace):
         def __getitem__(self, i: int):
             return self.images[i % len(self.images)], self.labels[i]
 
-    samples = args.batch * (args.warmup + args.steps) * MAX_WORLD
+    samples = args.batch * total_steps(args) * MAX_WORLD
     return DataLoader(GeneratedImages(samples), batch_size=args.batch, shuffle=True, drop_last=True)
 
 
@@ -337,8 +363,12 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
+    torch.manual_seed(SEED)
+    loader = image_loader(args)
+    module = LitResNet()
     probe = h.Probe()
-    clock = Clock(args.warmup, args.steps, probe)
+    learning = h.Learning(args.learn, [module.model])  # parameters named as by the plain model
+    clock = Clock(args, probe, learning)
     facts: dict[str, Any] = {}
 
     class StepTimer(L.Callback):
@@ -350,9 +380,6 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
                 facts["loss"] = float(outputs["loss"])
             clock.end()
 
-    torch.manual_seed(SEED)
-    loader = image_loader(args)
-    module = LitResNet()
     probe.attach(module.model, nn.Conv2d)
     extra: dict[str, Any] = {"devices": 2, "strategy": "ddp"} if args.script == "lightning-ddp" else {}
     if args.precision:
@@ -364,7 +391,7 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
         extra.update(num_processes=args.nano_processes, precision="bf16", channels_last=True)
     trainer = Trainer(
         accelerator="cpu",
-        max_steps=args.warmup + args.steps,
+        max_steps=total_steps(args),
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -373,7 +400,8 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
         **extra,
     )
     clock.on_done = lambda: facts.update(process_facts(module), loader_batches=len(trainer.train_dataloader))
-    trainer.fit(module, loader)
+    with learning.start():
+        trainer.fit(module, loader)
     rank = trainer.global_rank if trainer.world_size > 1 else int(os.environ.get("RANK", "0"))
     return {
         "rank": rank,
@@ -409,8 +437,6 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
             ids = self.ids[i]
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
 
-    probe = h.Probe()
-    clock = Clock(args.warmup, args.steps, probe)
     facts: dict[str, Any] = {}
 
     class StepTimer(TrainerCallback):
@@ -432,12 +458,15 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         num_labels=TEXT_LABELS,
     )
     model = BertForSequenceClassification(config)
+    probe = h.Probe()
     probe.attach(model, nn.Linear)
-    data = GeneratedText(args.text_batch * (args.warmup + args.steps), config.vocab_size)
+    learning = h.Learning(args.learn, [model])
+    clock = Clock(args, probe, learning)
+    data = GeneratedText(args.text_batch * total_steps(args), config.vocab_size)
     training_args = TrainingArguments(
         output_dir=os.path.join(args.worker, "hf-output"),
         per_device_train_batch_size=args.text_batch,
-        max_steps=args.warmup + args.steps,
+        max_steps=total_steps(args),
         learning_rate=5e-5,
         use_cpu=True,
         report_to="none",
@@ -451,7 +480,8 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[StepTimer()])
     clock.on_done = lambda: facts.update(process_facts(model))
-    output = trainer.train()
+    with learning.start():
+        output = trainer.train()
     return {
         "rank": int(os.environ.get("RANK", "0")),
         "samples": clock.steps * args.text_batch,
@@ -473,12 +503,13 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     from timm.utils import ModelEmaV2
     from torch import nn
 
-    probe = h.Probe()
-    clock = Clock(args.warmup, args.steps, probe)
     torch.manual_seed(SEED)
     loader = image_loader(args)
     model = timm.create_model("resnet18", pretrained=False, num_classes=CLASSES)
+    probe = h.Probe()
     probe.attach(model, nn.Conv2d)
+    learning = h.Learning(args.learn, [model])
+    clock = Clock(args, probe, learning)
     optimizer = create_optimizer_v2(model, opt="sgd", lr=0.01, momentum=0.9, weight_decay=1e-4)
     model_ema = ModelEmaV2(model, decay=0.9998)
     criterion = nn.CrossEntropyLoss()
@@ -487,6 +518,7 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     loss_value = None
     facts: dict[str, Any] = {}
     clock.on_done = lambda: facts.update(process_facts(model))
+    learning.start()
     while not clock.done:
         for x, y in loader:
             clock.begin((x, y))
@@ -542,12 +574,15 @@ def worker_main(args: argparse.Namespace) -> int:
 # --- the parent: runs, rounds, report -------------------------------------------------------------
 
 
-def command(variant: Variant, args: argparse.Namespace, out: str) -> list[str]:
+def command(variant: Variant, args: argparse.Namespace, out: str, learn: int = 0) -> list[str]:
+    """The variant's command line; ``learn``: the steps it records first for the learning check."""
     worker = [os.path.abspath(__file__), "--worker", out, "--script", variant.script]
     if variant.precision:
         worker += ["--precision", variant.precision]
     if variant.nano_processes:
         worker += ["--nano-processes", str(variant.nano_processes)]
+    if learn:
+        worker += ["--learn", str(learn)]
     for name in ("steps", "warmup", *TINY):
         worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return [sys.executable, *variant.launcher, *worker]
@@ -568,12 +603,14 @@ def init_env(env: dict[str, str], init: Sequence[str]) -> dict[str, str]:
     return {**env, **exports}
 
 
-def run_once(variant: Variant, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
+def run_once(
+    variant: Variant, args: argparse.Namespace, env: dict[str, str], workdir: str, learn: int
+) -> dict[str, Any]:
     """One fresh process (group) of a variant: its rate, or its error; with the digest of the
-    nanopatch source it ran."""
+    nanopatch source it ran. ``learn``: the steps it records first for the learning check."""
     digest = h.source_digest()
     out = tempfile.mkdtemp(prefix=f"{variant.name}-", dir=workdir)
-    argv = command(variant, args, out)
+    argv = command(variant, args, out, learn)
     result = h.run_ranks(
         argv, env=init_env(env, variant.init), out=out, timeout=args.timeout, count="samples", expected=None
     )
@@ -672,8 +709,9 @@ def summarise(names: list[str], runs: dict[str, list[dict[str, Any]]], args, cor
     rows, by_name = [], {}
     for name in names:
         v = VARIANTS[name]
+        baseline = BASELINE[v.group]
         ok = [r for r in runs[name] if "rate" in r]
-        r = h.ranks_row("frameworks", v.group, name, UNIT[v.group], runs[name], cores, stock=name == BASELINE[v.group])
+        r = h.ranks_row("frameworks", v.group, name, UNIT[v.group], runs[name], cores, stock=name == baseline)
         r["command"] = shlex.join(command(v, args, "OUT"))
         if ok:
             d = r["details"]
@@ -686,6 +724,10 @@ def summarise(names: list[str], runs: dict[str, list[dict[str, Any]]], args, cor
             if v.patched and len(versions_seen) > 1:
                 d["problems"].append(f"nanopatch's source changed between its rounds ({len(versions_seen)} versions)")
             d["findings"] = findings(v, d, cores)
+        against = LEARNING_BASELINE.get(v.processes, baseline)
+        if h.record_of(runs.get(against, [])) is None:
+            against = baseline
+        h.learning_row(r, h.record_of(runs[name]), h.record_of(runs.get(against, [])), against)
         rows.append(r)
         by_name[name] = r
     for group, baseline in BASELINE.items():
@@ -764,7 +806,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             print("| " + " | ".join(cells(row, second)) + " |")
     print()
     for row in report["rows"]:
-        if row["rate"] is None:
+        if "problems" not in row.get("details", {}):  # no run of it went through
             continue
         d = row["details"]
         for problem in d["problems"]:
@@ -776,6 +818,15 @@ def print_markdown(report: dict[str, Any]) -> None:
     for row in report["rows"]:
         if row.get("failed_runs"):
             print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {h.cell(row['error'])}")
+    judged = [r for r in report["rows"] if r.get("learning")]
+    if judged:
+        print(
+            f"\nLearning: {h.first_steps(report['learning_steps'])} of each variant's first run from the "
+            "seed (rank 0's), judged against its group's stock (two processes: ddp-stock, when it ran) by "
+            "nanopatch.learning (the test suite's definition); a variant that does not learn as stock gets no rate:\n"
+        )
+        for r in judged:
+            print(f"- {h.learning_line(r)}")
     print(
         "\nRate: samples of all processes / the slowest process's time for the timed steps, median over the "
         "rounds. x ...: ratio of the medians (per round in brackets where there were several rounds). target: "
@@ -789,6 +840,8 @@ def print_markdown(report: dict[str, Any]) -> None:
 
 
 def cells(row: dict[str, Any], second: bool) -> list[str]:
+    if h.learns(row) is False:  # no rate: the verdict instead
+        return [row["variant"], h.DOES_NOT_LEARN, *[""] * (7 if second else 6), h.cell(row["note"])]
     if row["rate"] is None:
         return [row["variant"], "failed", *[""] * (7 if second else 6), h.cell(row.get("error", "?"))]
     d = row["details"]
@@ -864,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--nano-processes", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--learn", type=int, default=0, help=argparse.SUPPRESS)  # steps recorded first
     args = parser.parse_args(argv)
     h.round_defaults(args)
     for name, value in (TINY if args.tiny else FULL).items():
@@ -872,8 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     names = h.parse_names(args.variants, VARIANTS, "--variants", parser, GROUP_ALIASES)
-    if min(args.rounds, args.steps, args.warmup, *(getattr(args, n) for n in TINY)) < 1:
-        parser.error("--rounds, --steps, --warmup and the sizes must be >= 1")
+    if min(args.rounds, args.steps, args.warmup, args.learning_steps, *(getattr(args, n) for n in TINY)) < 1:
+        parser.error("--rounds, --steps, --warmup, --learning-steps and the sizes must be >= 1")
 
     log = h.log
     started = time.perf_counter()
@@ -882,10 +936,10 @@ def main(argv: list[str] | None = None) -> int:
     env = run_env()
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="nanopatch-frameworks-") as workdir:
-        runs, orders = h.interleave(
-            names, args.rounds, lambda n: run_once(VARIANTS[n], args, env, workdir), log, SETTLE_S
-        )
+        run = h.recording_first(lambda n, learn: run_once(VARIANTS[n], args, env, workdir, learn), args.learning_steps)
+        runs, orders = h.interleave(names, args.rounds, run, log, SETTLE_S)
     rows = summarise(names, runs, args, cores)
+    runs = {row["variant"]: h.runs_kept(row, runs[row["variant"]]) for row in rows}
     report = {
         "benchmark": "frameworks",
         "machine": machine,
@@ -896,6 +950,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
+        "learning_steps": args.learning_steps,
         "quick": args.quick,
         "round_orders": orders,
         "rows": rows,

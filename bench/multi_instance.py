@@ -28,6 +28,13 @@ the run. The parent checks from those, and reports, that the ranks of ``--nproc`
 CPUs, saw different data (the loader was sharded) and still ended with equal parameters (their
 gradients were averaged), and that ``stock`` never imported nanopatch.
 
+Each variant must learn as stock before it gets a rate: its first run (the first that ran, if
+that failed) records its first ``--learning-steps`` optimizer steps from the seed before the
+warm-up with ``nanopatch.learning.Recorder`` (stock loads that file without importing nanopatch)
+and writes them to its result; the parent judges rank 0's against stock's with
+``nanopatch.learning.compare``. A variant that does not learn as stock is printed "does not learn"
+with the verdict and keeps no rate, ratio or timing.
+
 How it is made fair:
 
 * Every variant runs once per round as a fresh process (or process group), one at a time, the
@@ -45,9 +52,9 @@ How it is made fair:
   the most of any round. Above 5%, the report warns that the variant's rates are suspect.
 
     PYTHONPATH=. python bench/multi_instance.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
-        [--variants stock,untuned,tuned,nproc] [--nproc 2] [--json PATH]
+        [--learning-steps 6] [--variants stock,untuned,tuned,nproc] [--nproc 2] [--json PATH]
 
-``--quick``: 2 rounds of 2 steps after 1 warm-up step. See bench/README.md.
+``--quick``: 2 rounds of 2 steps after 1 warm-up step, 3 learning steps. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -172,6 +179,10 @@ def worker_main(args: argparse.Namespace) -> int:
         return loss.item()
 
     built = time.perf_counter()
+    with h.Learning(args.learn, [model]).start() as learning:  # the first steps, for the learning check
+        for _ in range(args.learn):
+            step()
+            learning.after_step()
     for _ in range(args.warmup):
         step()
     warmed = time.perf_counter()
@@ -202,6 +213,8 @@ def worker_main(args: argparse.Namespace) -> int:
         "loss": loss,
         "setup_s": built - started,
         "warmup_s": warmed - built,
+        "learning_steps": args.learn,
+        "learning": learning.record,
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "affinity_at_start": affinity_at_start,
@@ -236,7 +249,8 @@ def run_env() -> dict[str, str]:
     return h.clean_env(CLEARED, ("NANOPATCH_", "TORCHELASTIC_", "TORCH_NCCL", "KMP_"))
 
 
-def command(key: str, args: argparse.Namespace, out: str) -> list[str]:
+def command(key: str, args: argparse.Namespace, out: str, learn: int = 0) -> list[str]:
+    """The variant's command line; ``learn``: the steps it records first for the learning check."""
     worker = [
         os.path.abspath(__file__),
         "--worker",
@@ -251,6 +265,7 @@ def command(key: str, args: argparse.Namespace, out: str) -> list[str]:
         str(args.steps),
         "--warmup",
         str(args.warmup),
+        *(["--learn", str(learn)] if learn else []),
     ]
     launcher = {
         STOCK: [],
@@ -261,12 +276,13 @@ def command(key: str, args: argparse.Namespace, out: str) -> list[str]:
     return [sys.executable, *launcher, *worker]
 
 
-def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: str) -> dict[str, Any]:
-    """One fresh process (group) of a variant: its rate, or its error."""
+def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: str, learn: int) -> dict[str, Any]:
+    """One fresh process (group) of a variant: its rate, or its error. ``learn``: the steps it
+    records first for the learning check."""
     out = tempfile.mkdtemp(prefix=f"{key}-", dir=workdir)
     expected = args.nproc if key == NPROC else 1
     return h.run_ranks(
-        command(key, args, out), env=env, out=out, timeout=args.timeout, count="images", expected=expected
+        command(key, args, out, learn), env=env, out=out, timeout=args.timeout, count="images", expected=expected
     )
 
 
@@ -388,6 +404,7 @@ def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, core
             d = r["details"]
             d.update(facts, changed_between_rounds=changed, step_s_per_rank=[x["step_s"] for x in ok[-1]["ranks"]])
             d["problems"] = problems(key, d, physical, args.nproc) + [f"{f} changed between rounds" for f in changed]
+        h.learning_row(r, h.record_of(runs[key]), h.record_of(runs.get(STOCK, [])), variant_name(STOCK, args.nproc))
         rows.append(r)
         by_key[key] = r
     h.ratios_to(rows, by_key.get(STOCK))
@@ -431,6 +448,9 @@ def print_markdown(report: dict[str, Any]) -> None:
     print("\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | other load | ran with |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for row in report["rows"]:
+        if h.learns(row) is False:  # no rate: the verdict instead
+            print(f"| {row['variant']} | {h.DOES_NOT_LEARN} |  |  |  |  |  | {h.cell(row['note'])} |")
+            continue
         if row["rate"] is None:
             error = h.cell(row.get("error", "?"))
             print(f"| {row['variant']} | failed |  |  |  |  |  | {error} |")
@@ -454,13 +474,16 @@ def print_markdown(report: dict[str, Any]) -> None:
         spread = f" (per round {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else ""
         print(f"- **{c['label']}**: {c['ratio']:.2f}x{spread}")
     for row in report["rows"]:
-        for problem in row["details"].get("problems", []) if row["rate"] is not None else []:
+        for problem in row["details"].get("problems", []):
             print(f"- warning: `{row['variant']}`: {problem}")
-        if row["rate"] is not None and row["details"]["load_warning"]:
+        if row["details"].get("load_warning"):
             print(f"- warning: `{row['variant']}`: {row['details']['load_warning']}")
         if row.get("failed_runs"):
             print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {row['error']}")
-    nproc_row = next((r for r in report["rows"] if r["key"] == NPROC and r["rate"] is not None), None)
+    for row in report["rows"]:
+        if row.get("learning"):
+            print(f"- learning: {h.learning_line(row)}")
+    nproc_row = next((r for r in report["rows"] if r["key"] == NPROC and "problems" in r["details"]), None)
     if nproc_row is not None:
         d = nproc_row["details"]
         print(
@@ -497,13 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     parser.add_argument("--image-size", type=int, default=224, help=argparse.SUPPRESS)
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # internal: run as the training script
+    parser.add_argument("--learn", type=int, default=0, help=argparse.SUPPRESS)  # steps recorded first
     args = parser.parse_args(argv)
     h.round_defaults(args)
     if args.worker:
         return worker_main(args)
     keys = h.parse_names(args.variants, VARIANTS, "--variants", parser)
-    if min(args.rounds, args.steps, args.warmup, args.nproc, args.batch, args.image_size) < 1:
-        parser.error("--rounds, --steps, --warmup, --nproc, --batch and --image-size must be >= 1")
+    if min(args.rounds, args.steps, args.warmup, args.learning_steps, args.nproc, args.batch, args.image_size) < 1:
+        parser.error("--rounds, --steps, --warmup, --learning-steps, --nproc, --batch and --image-size must be >= 1")
 
     log = h.log
     started = time.perf_counter()
@@ -511,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     env = run_env()
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="nanopatch-multi-instance-") as workdir:
-        runs, orders = h.interleave(keys, args.rounds, lambda key: run_once(key, args, env, workdir), log, SETTLE_S)
+        run = h.recording_first(lambda key, learn: run_once(key, args, env, workdir, learn), args.learning_steps)
+        runs, orders = h.interleave(keys, args.rounds, run, log, SETTLE_S)
     rounds_meta = [{"order": [variant_name(k, args.nproc) for k in o["order"]]} for o in orders]
     rows, by_key = summarise(keys, runs, args, cores, machine["physical_cores"])
     described = "torchvision ResNet-18" if args.model == "resnet18" else "a small CNN"
@@ -526,11 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
+        "learning_steps": args.learning_steps,
         "quick": args.quick,
         "round_orders": rounds_meta,
         "rows": rows,
         "comparisons": comparisons(by_key, args.nproc),
-        "runs": {variant_name(k, args.nproc): v for k, v in runs.items()},
+        "runs": {variant_name(k, args.nproc): h.runs_kept(by_key[k], v) for k, v in runs.items()},
         "seconds": time.perf_counter() - started,
     }
     return h.finish(report, args.json, print_markdown)

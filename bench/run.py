@@ -20,8 +20,11 @@ check that everything works, not to quote. ``--render`` rewrites the Markdown an
 an existing JSON without running anything; ``--readme`` prints a compact Markdown table for the
 project README (one row per bench and pipeline or model: stock's rate and nanopatch's speed-ups).
 Ratios are always speed-ups: above 1.00x is faster than stock (for import_cost, stock's start-up
-time over the variant's). Needs matplotlib for the charts (left out, with a note, without it)
-and uses tqdm for the progress bar when it is installed.
+time over the variant's). The training benches judge each variant's first steps from the seed
+against stock's (``nanopatch.learning``): a variant that does not learn as stock is shown as
+"does not learn" in the rows, the Markdown, the charts and the README table, never as a speed-up.
+Needs matplotlib for the charts (left out, with a note, without it) and uses tqdm for the
+progress bar when it is installed.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ import _harness as h  # bench/ is this script's folder, first on sys.path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-SCHEMA = 1
+#: 2: the training benches' rows carry ``learning`` (their verdict against stock's run)
+SCHEMA = 2
 LOG_TAIL_LINES = 40
 BUSY_CPU_SHARE, SUSPECT_MARK, one_line, suspect = h.BUSY_CPU_SHARE, h.SUSPECT_MARK, h.one_line, h.suspect
 IMPORT_COST_QUICK_ROUNDS = 5
@@ -89,10 +93,12 @@ class Bench:
 # --- reading the benches' rows ---------------------------------------------------------------------
 
 #: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``.
-#: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last)
+#: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last);
+#: ``learning``: a training variant's loss and gradient count per step beside stock's, and its verdict (a row
+#: whose variant does not learn as stock has no rate and no ratio)
 ROW_KEYS = (
     "bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread", "note", "cpu_share",
-    "other_load", "noisy", "ratio_to_by_hand",
+    "other_load", "noisy", "ratio_to_by_hand", "learning",
 )  # fmt: skip
 
 
@@ -552,6 +558,8 @@ def bench_meta(name: str, benches: dict[str, Bench]) -> Bench | None:
 def cell(r: dict[str, Any] | None, stock: dict[str, Any] | None, show_delta: bool) -> str:
     if r is None:
         return ""
+    if h.learns(r) is False:
+        return f"**{h.DOES_NOT_LEARN}**"
     if r["rate"] is None:
         return "did not run"
     mark = SUSPECT_MARK if suspect(r) else ""
@@ -601,7 +609,9 @@ def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[st
     lines += [
         "",
         "Each cell: the rate, then in brackets the speed-up over stock (above 1.00x is faster than stock). "
-        "Every bench times its stock and nanopatch variants side by side in the same run; see bench/README.md.",
+        "Every bench times its stock and nanopatch variants side by side in the same run; see bench/README.md. "
+        f"A training variant whose first steps from the seed do not learn as stock's (nanopatch.learning, the test "
+        f"suite's definition) shows **{h.DOES_NOT_LEARN}** and no rate.",
     ]
     for name, entry in results.get("benches", {}).items():
         bench = bench_meta(name, benches)
@@ -626,7 +636,7 @@ def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[st
             lines.append(f"| {group} | {unit} | " + " | ".join(values) + " |")
         noted: dict[tuple[str, str], list[str]] = {}
         for r in rows:
-            if r.get("note"):
+            if r.get("note") and h.learns(r) is not False:  # a verdict is in the learning list below
                 noted.setdefault((r["variant"], r["note"]), []).append(r["group"])
         notes = [f"`{variant}` ({', '.join(groups)}): {note}" for (variant, note), groups in noted.items()]
         busy = [
@@ -652,6 +662,10 @@ def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[st
         if notes:
             lines.append("")
             lines += [f"- {note}" for note in notes]
+        judged = [r for r in rows if r.get("learning")]
+        if judged:
+            lines += ["", "Learning, per variant against stock's run (loss and gradient count per step):", ""]
+            lines += [f"- {r['group']}: {h.learning_line(r)}" for r in judged]
         if name in charts:
             lines += ["", f"![{name}: speed-up over stock]({charts[name]})"]
     if results.get("skipped"):
@@ -666,7 +680,7 @@ def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
     """A compact Markdown table for the project README: one row per bench and pipeline or model,
     stock's rate and nanopatch's speed-up(s); then the machine, date and command."""
     lines = ["| benchmark | pipeline / model | stock | nanopatch (speed-up over stock) |", "|---|---|---:|---|"]
-    any_suspect = False
+    any_suspect = any_refused = False
     for name, entry in results.get("benches", {}).items():
         if entry.get("status") != "ok":
             lines.append(f"| {name} | - | - | failed: {one_line(entry.get('error', ''), 80)} |")
@@ -678,11 +692,16 @@ def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
             stock = stock_of(rows, group)
             shown = []
             for r in rows:
-                if r["group"] != group or r["stock"] or r["ratio_to_stock"] is None:
+                refused = h.learns(r) is False
+                if r["group"] != group or r["stock"] or (r["ratio_to_stock"] is None and not refused):
                     continue
                 if labels is not None and r["variant"] not in labels:
                     continue
                 label = labels[r["variant"]] if labels is not None else r["variant"]
+                if refused:  # no speed-up for it, only the verdict
+                    shown.append(f"{label} **{h.DOES_NOT_LEARN}**")
+                    any_refused = True
+                    continue
                 value = fmt_ratio(r["ratio_to_stock"])
                 if suspect(r) or (stock is not None and suspect(stock)):
                     value += SUSPECT_MARK
@@ -700,6 +719,12 @@ def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
             "spread wider than the effect.",
             "",
         ]
+    if any_refused:
+        lines += [
+            f"**{h.DOES_NOT_LEARN}**: its first training steps from the seed did not learn as stock's (the report "
+            "gives why), so no speed-up is given for it.",
+            "",
+        ]
     lines += [
         f"Measured on {machine_line(results)}, {results.get('started', '')[:10]}{quick}. "
         f"Reproduce: `{results.get('command')}`",
@@ -708,18 +733,33 @@ def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
 
 
 def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -> bool:
-    """One PNG: grouped bars of each variant's speed-up over stock per pipeline / model, stock as
-    the 1.0 line, values on the bars, the machine in the subtitle. False if nothing to draw."""
+    """One PNG of :func:`chart_figure` at ``path``. False if there is nothing to draw."""
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(results, name, bench)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def chart_figure(results: dict[str, Any], name: str, bench: Bench | None):
+    """Grouped bars of each variant's speed-up over stock per pipeline / model, stock as the 1.0
+    line, values on the bars, the machine in the subtitle (a matplotlib figure, or None if there is
+    nothing to draw). A variant that does not learn as stock gets no bar: a red cross and "does not
+    learn" in its place."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     rows = bench_rows(results, name)
-    plotted = [r for r in rows if not r["stock"] and r["ratio_to_stock"] is not None]
+    plotted = [r for r in rows if not r["stock"] and (r["ratio_to_stock"] is not None or h.learns(r) is False)]
     if not plotted:
-        return False
-    groups = ordered([r["group"] for r in rows if r["ratio_to_stock"] is not None])
+        return None
+    groups = ordered([r["group"] for r in rows if r["ratio_to_stock"] is not None or h.learns(r) is False])
     variants = ordered([r["variant"] for r in plotted])
     cells = {(r["group"], r["variant"]): r for r in plotted}
     n = len(variants)
@@ -733,26 +773,36 @@ def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -
     variants = ours + [v for v in variants if v not in ours]
     top = 1.0
     label_size = 8 if n * len(groups) <= 16 else 7
+    others = [v for v in variants if v not in ours]
+    refused: list[tuple[float, Any]] = []  # (x, colour) of the cells of variants that do not learn as stock
+    legend_only: list[Any] = []  # variants that never learned: a legend entry, no bar
     for i, variant in enumerate(variants):
+        if variant in ours:
+            style = {"color": colours[ours.index(variant) % len(colours)], "label": variant}
+        else:
+            grey = greys[others.index(variant) % len(greys)]
+            style = {"color": grey, "hatch": "//", "edgecolor": "white", "label": f"{variant} (reference)"}
         xs, ys, labels = [], [], []
         for j, group in enumerate(groups):
             r = cells.get((group, variant))
-            if r is not None:
-                xs.append(j + (i - (n - 1) / 2) * width)
+            x = j + (i - (n - 1) / 2) * width
+            if r is not None and h.learns(r) is False:
+                refused.append((x, style["color"]))
+            elif r is not None:
+                xs.append(x)
                 ys.append(r["ratio_to_stock"])
                 busy = suspect(r) or (stock_of(rows, group) is not None and suspect(stock_of(rows, group)))
                 labels.append(f"{r['ratio_to_stock']:.2f}x" + (SUSPECT_MARK if busy else ""))
         if not ys:
+            legend_only.append(Patch(**style))
             continue
         top = max(top, *ys)
-        if variant in ours:
-            style = {"color": colours[ours.index(variant) % len(colours)], "label": variant}
-        else:
-            others = [v for v in variants if v not in ours]
-            grey = greys[others.index(variant) % len(greys)]
-            style = {"color": grey, "hatch": "//", "edgecolor": "white", "label": f"{variant} (reference)"}
         bars = ax.bar(xs, ys, width * 0.92, zorder=2, **style)
         ax.bar_label(bars, labels=labels, padding=2, fontsize=label_size, rotation=90 if n > 3 else 0)
+    for x, colour in refused:  # in a bar's place: a cross in the variant's colour, and the verdict
+        ax.plot([x], [0.04 * top], marker="x", markersize=9, markeredgewidth=2.5, color=colour, zorder=4)
+        ax.text(x, 0.09 * top, h.DOES_NOT_LEARN, rotation=90, ha="center", va="bottom", fontsize=label_size,
+                color="tab:red", zorder=4)  # fmt: skip
     stock_names = ordered([r["variant"] for r in rows if r["stock"]])
     ax.axhline(
         1.0, color="black", linestyle="--", linewidth=1.2, zorder=3, label=f"{' / '.join(stock_names) or 'stock'} = 1.0"
@@ -773,7 +823,24 @@ def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -
     ax.set_title(
         f"{machine_line(results, short=True)}; {results.get('started', '')[:10]}{quick}", fontsize=9, color="0.3"
     )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=min(n + 1, 4), fontsize=8, frameon=False)
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(
+        handles=[*handles, *legend_only],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncols=min(n + 1, 4),
+        fontsize=8,
+        frameon=False,
+    )
+    if refused:
+        fig.text(
+            0.99,
+            0.01,
+            f"\u2717 {h.DOES_NOT_LEARN}: no speed-up drawn (its first steps did not learn as stock's)",
+            fontsize=7,
+            color="tab:red",
+            ha="right",
+        )
     if any(suspect(r) for r in rows):
         fig.text(
             0.01,
@@ -784,9 +851,7 @@ def chart(results: dict[str, Any], name: str, bench: Bench | None, path: Path) -
             color="0.35",
         )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def render(results: dict[str, Any], json_path: Path, benches: dict[str, Bench]) -> list[Path]:

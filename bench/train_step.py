@@ -34,6 +34,15 @@ in these variants, each in its own persistent worker process:
   and whose ``configure_optimizers`` builds the optimizer: what a framework user gets without
   nanopatch.
 * ``lightning-bf16-patched`` (not run by default): the same after ``nanopatch.patch_torch()``.
+* ``broken`` (hidden, for the test suite): ``patched`` with a forward hook that detaches the first
+  layer's output, a variant that does not learn as stock.
+
+Each variant must learn as stock before it gets a rate: its worker records its first
+``--learning-steps`` training steps from the seed (the same model, batch and optimizer as stock's)
+with ``nanopatch.learning.Recorder``, before the warm-up, and answers them with its setup; the
+parent judges them against stock's with ``nanopatch.learning.compare`` (the test suite's
+definition). A variant that does not learn as stock is printed "does not learn" with the verdict,
+and its row keeps no rate, ratio, target, timed sample or profile.
 
 How the Lightning variants fit the persistent-worker protocol: ``Trainer.fit`` runs once, in the
 worker's main thread as in a script, over a DataLoader (``batch_size=None``) that yields the one
@@ -48,13 +57,13 @@ step by step) because Fabric is not what Trainer users run: its loop, hooks and 
 optimizer step are the Trainer's cost. No thread is needed: the callback blocks on the request
 pipe, the same way the other variants' loops do between requests.
 
-For one model at a time, every variant's worker builds its model and optimizer once and warms
-up (``compile`` gets extra warm-up steps); then in every round the parent asks each worker in
-turn, the order rotated each round, to run ``--steps`` steps and report the time, so only one
-worker computes at a time and machine drift hits every variant alike. Workers use torch's
-default threads (all cores the process may use). A model's workers are shut down before the
-next model's start. A worker that fails is reported as failed, with its error, and the rest go
-on. Prints a Markdown table: the median rate, its spread, the ratios to ``stock`` and to
+For one model at a time, every variant's worker builds its model and optimizer once, records its
+learning steps and warms up (``compile`` gets extra warm-up steps); then in every round the
+parent asks each worker in turn, the order rotated each round, to run ``--steps`` steps and
+report the time, so only one worker computes at a time and machine drift hits every variant
+alike. Workers use torch's default threads (all cores the process may use). A model's workers
+are shut down before the next model's start. A worker that fails is reported as failed, with its
+error, and the rest go on. Prints a Markdown table: the median rate, its spread, the ratios to ``stock`` and to
 ``by-hand``, and the issue's targets (printed, never asserted): ``patched`` >= 2.5x stock for
 the ResNets and 1.8x for the transformer; ``patched`` >= 1.10x ``by-hand`` for the ResNets and
 1.25x for the transformer; every variant nanopatch patched >= ``lightning-bf16``.
@@ -66,7 +75,7 @@ bench/README.md.
 
     PYTHONPATH=. python bench/train_step.py [--quick] [--models resnet18,resnet50,transformer]
         [--variants stock,by-hand,patched,compile,ipex,lightning-bf16] [--rounds 5] [--steps 3]
-        [--warmup 2] [--profile N] [--ipex-python PATH] [--json PATH]
+        [--warmup 2] [--learning-steps 6] [--profile N] [--ipex-python PATH] [--json PATH]
 """
 
 from __future__ import annotations
@@ -97,7 +106,11 @@ STOCK, BY_HAND, PATCHED, COMPILE = "stock", "by-hand", "patched", "compile"
 IPEX, IPEX_STOCK = "ipex", "ipex-stock"
 LIGHTNING, LIGHTNING_PATCHED = "lightning-bf16", "lightning-bf16-patched"
 BY_HAND_TCMALLOC = "by-hand-tcmalloc"
+#: patched, with a forward hook that detaches the first layer's output (no gradient reaches it):
+#: a variant that does not learn as stock, for the test suite
+BROKEN = "broken"
 VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, IPEX_STOCK, LIGHTNING, LIGHTNING_PATCHED)
+HIDDEN_VARIANTS = (BROKEN,)
 DEFAULT_VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, LIGHTNING)
 #: the by-hand edit and the allocator PyTorch's CPU guide has users preload (found by nanopatch.runtime)
 BY_HAND_VARIANTS = (BY_HAND, BY_HAND_TCMALLOC)
@@ -112,6 +125,7 @@ PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
     LIGHTNING: None,
     LIGHTNING_PATCHED: {},
     BY_HAND_TCMALLOC: None,
+    BROKEN: {},
 }
 IPEX_VARIANTS = (IPEX, IPEX_STOCK)
 #: trained by a Lightning Trainer(precision="bf16-mixed") rather than the script's own loop
@@ -136,7 +150,10 @@ SHAPES = {
     False: {"image_size": 224, "image_batch": 32, "seq": 256, "text_batch": 8},
     True: {"image_size": 112, "image_batch": 8, "seq": 64, "text_batch": 8},
 }
-DEFAULTS = {False: {"rounds": 5, "steps": 3, "warmup": 2}, True: {"rounds": 3, "steps": 1, "warmup": 1}}
+DEFAULTS = {
+    False: {"rounds": 5, "steps": 3, "warmup": 2, "learning_steps": h.LEARNING_STEPS[False]},
+    True: {"rounds": 3, "steps": 1, "warmup": 1, "learning_steps": h.LEARNING_STEPS[True]},
+}
 
 
 def tiny_model(classes: int = CLASSES):
@@ -364,6 +381,29 @@ def leaf_layer(module) -> bool:
     return ("Conv" in name or "Linear" in name) and next(module.children(), None) is None
 
 
+def detach_first_layer(model) -> None:
+    """The ``broken`` variant's cut: a forward hook that detaches the output of the first
+    convolution or linear layer, so no gradient reaches it (nor anything before it)."""
+    layer = next(m for m in model.modules() if leaf_layer(m))
+    layer.register_forward_hook(lambda module, args, output: output.detach())
+
+
+def learning_steps(job: Job, steps: int) -> tuple[list[dict[str, Any]], list[float]]:
+    """The first ``steps`` training steps of the job from its seed, recorded for the learning
+    check (:class:`_harness.Learning`), and the time each took."""
+    learning = h.Learning(steps, [job.model]).start()
+    took = []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            job.step()[1].item()
+            took.append(time.perf_counter() - start)
+            learning.after_step()
+    finally:
+        learning.stop()
+    return learning.record, took
+
+
 def rss_mib() -> tuple[float, float]:
     """(current, peak) resident memory of this process in MiB."""
     with open("/proc/self/statm") as f:
@@ -581,7 +621,10 @@ class StepRunner:
         apply_patch(request["patch"])  # before the model and optimizer are built
         imported = time.perf_counter()
         job = self.job = Job(request["model"], request["shape"], by_hand=request.get("by_hand", False))
+        if request.get("broken"):
+            detach_first_layer(job.model)
         built = time.perf_counter()
+        record, learning_s = learning_steps(job, request["learn"])
         warmup_s = []
         for _ in range(request["warmup"]):
             start = time.perf_counter()
@@ -591,8 +634,13 @@ class StepRunner:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.by_hand)  # as the step runs forward
         facts = observed(job, compute_dtype(job.model, job.inputs, autocast), output, loss)
         facts["probe"] = probed_step(job)
-        times = {"import_s": imported - started, "build_s": built - imported, "warmup_step_s": warmup_s}
-        return setup_reply(request, job, facts, **times)
+        times = {
+            "import_s": imported - started,
+            "build_s": built - imported,
+            "learning_step_s": learning_s,
+            "warmup_step_s": warmup_s,
+        }
+        return {**setup_reply(request, job, facts, **times), "learning": record}
 
     def run(self, steps: int) -> dict[str, Any]:
         assert self.job is not None, "run before setup"
@@ -624,6 +672,9 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
     apply_patch(request["patch"])  # before the model and optimizer are built
     imported = time.perf_counter()
     job = Job(request["model"], request["shape"], optimizer=False)
+    if request.get("broken"):
+        detach_first_layer(job.model)
+    learning = h.Learning(request["learn"], [job.model])
 
     class Module(L.LightningModule):
         """The script's model, loss and optimizer, as a Lightning user writes them."""
@@ -651,9 +702,11 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
                 yield job.inputs, job.targets
 
     class Driver(L.Callback):
-        """Warm-up, the probes, and the parent's requests, from the end of each training batch."""
+        """The learning steps, warm-up, the probes, and the parent's requests, from the end of each
+        training batch."""
 
         def __init__(self) -> None:
+            self.learning_s: list[float] = []
             self.warmup_s: list[float] = []
             self.mark = 0.0
             self.built = 0.0
@@ -668,11 +721,17 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             loss = outputs["loss"]
-            if not self.setup_answered and self.probe is None:  # warming up
+            if not self.setup_answered and self.probe is None:  # recording the learning steps, then warming up
                 loss.item()
                 now = time.perf_counter()
-                self.warmup_s.append(now - self.mark)
-                self.mark = now
+                took, self.mark = now - self.mark, now
+                if len(self.learning_s) < request["learn"]:
+                    self.learning_s.append(took)
+                    learning.after_step()
+                    if len(self.learning_s) == request["learn"]:
+                        learning.stop()
+                    return
+                self.warmup_s.append(took)
                 if len(self.warmup_s) < request["warmup"]:
                     return
                 # the probes: one extra forward pass in the precision plugin's context, as
@@ -690,9 +749,11 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
                 times = {
                     "import_s": imported - started,
                     "build_s": self.built - imported,
+                    "learning_step_s": self.learning_s,
                     "warmup_step_s": self.warmup_s,
                 }
                 reply = setup_reply(request, job, facts, **times)
+                reply["learning"] = learning.record
                 reply["lightning"] = {
                     "version": L.__version__,
                     "precision": str(trainer.precision),
@@ -740,7 +801,11 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
         callbacks=[driver],
     )
     loader = torch.utils.data.DataLoader(OneBatch(), batch_size=None)
-    trainer.fit(module, loader)
+    learning.start()  # the optimizer is built inside fit, by configure_optimizers
+    try:
+        trainer.fit(module, loader)
+    finally:
+        learning.stop()
     if not driver.exited:
         raise RuntimeError(f"Trainer.fit returned before the parent said exit (global step {trainer.global_step})")
 
@@ -907,8 +972,10 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                 "model": model,
                 "shape": shape,
                 "warmup": warmup,
+                "learn": args.learning_steps,
                 "by_hand": variant in BY_HAND_VARIANTS,
                 "lightning": variant in LIGHTNING_VARIANTS,
+                "broken": variant == BROKEN,
             }
             try:
                 setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
@@ -966,22 +1033,43 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     }, summarise(model, results, args.steps)
 
 
+#: a setup's timing, which a variant that does not learn as stock does not keep
+SETUP_TIMING = ("learning_step_s", "warmup_step_s")
+
+
+def learning_of(variant: str, results: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The variant's learning entry: stock's own record, or the variant's judged against it
+    (None when the variant never got through its setup)."""
+    record = results[variant].get("setup", {}).get("learning")
+    stock = results.get(STOCK, {}).get("setup", {}).get("learning")
+    return None if record is None else h.learning_entry(record, stock, STOCK)
+
+
 def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> list[dict[str, Any]]:
     """One row per variant: the median rate over the rounds, its spread, the ratio to stock, and
-    the worker's setup and samples."""
+    the worker's setup and samples; or, for a variant that does not learn as stock, its verdict
+    and no rate."""
     rows = []
     for variant, result in results.items():
         common = ("train_step", model, variant)
+        learning = learning_of(variant, results)
+        extra = {"learning": learning} if learning is not None else {}
+        if learning is not None and learning["learns"] is False:  # keeps what it ran, not its samples
+            setup = {k: v for k, v in result["setup"].items() if k not in SETUP_TIMING}
+            failed = {"error": result["error"]} if result["status"] != "ok" else {}
+            r = h.row(*common, None, unit(model), None, status=h.DOES_NOT_LEARN, setup=setup, **extra, **failed)
+            rows.append(h.withhold(r))
+            continue
         if result["status"] != "ok":
             note = h.one_line(result.get("error") or result["status"])
-            rows.append(h.row(*common, None, unit(model), None, stock=variant == STOCK, note=note, **result))
+            rows.append(h.row(*common, None, unit(model), None, stock=variant == STOCK, note=note, **result, **extra))
             continue
         samples, setup = result["samples"], result["setup"]
         rates = [steps * setup["samples_per_step"] / s["elapsed_s"] for s in samples]
         stats = h.spread(rates)
         step_s = statistics.median(s["elapsed_s"] / steps for s in samples)
-        warmup = setup["warmup_step_s"]
-        extra_s = sum(warmup) - len(warmup) * step_s  # warm-up time beyond as many steady steps
+        untimed = setup["learning_step_s"] + setup["warmup_step_s"]
+        extra_s = sum(untimed) - len(untimed) * step_s  # the untimed steps' time beyond as many steady steps
         r = h.row(
             *common,
             stats["median"],
@@ -994,11 +1082,12 @@ def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> lis
             other_load=max((s["other_load"] for s in samples if s["other_load"] is not None), default=None),
             iqr_pct=stats["iqr_pct"],
             step_s=step_s,
-            first_step_s=warmup[0] if warmup else None,
+            first_step_s=untimed[0] if untimed else None,
             warmup_extra_s=extra_s,
             peak_rss_mib=max(s["peak_rss_mib"] for s in samples),
             target_x_stock=TARGETS.get(model) if variant == PATCHED else None,
             **result,
+            **extra,
         )
         if variant == COMPILE:
             r["compile_s"] = extra_s
@@ -1014,7 +1103,7 @@ def summarise(model: str, results: dict[str, dict[str, Any]], steps: int) -> lis
     for r in rows:
         if r.get("target_x_stock") is not None and r["ratio_to_stock"] is not None:
             r["met"] = r["ratio_to_stock"] >= r["target_x_stock"]
-        r["targets"] = targets_of(model, r, lightning)
+        r["targets"] = [] if h.learns(r) is False else targets_of(model, r, lightning)
         if r["variant"] == PATCHED and tcmalloc is not None and r["rate"] is not None:
             # not the issue's: nanopatch's own bar, never slower than the hand edit with the allocator
             ratio = r["rate"] / tcmalloc["rate"]
@@ -1095,7 +1184,8 @@ def print_markdown(report: dict[str, Any]) -> None:
         )
     print(
         f"- {report['rounds']} rounds x {report['steps']} steps per variant, order rotated each round, one worker "
-        f"computing at a time; warm-up {report['warmup']} steps (+{COMPILE_EXTRA_WARMUP} for compile)"
+        f"computing at a time; before them {report['learning_steps']} learning steps and {report['warmup']} warm-up "
+        f"steps (+{COMPILE_EXTRA_WARMUP} for compile)"
         f"{'; --quick sizes' if report['quick'] else ''}; 1-min load average at start {machine['loadavg_start']}"
     )
     for model, result in report["models"].items():
@@ -1108,8 +1198,8 @@ def print_markdown(report: dict[str, Any]) -> None:
         rows = [r for r in report["rows"] if r["group"] == model]
         for row in rows:
             variant = row["variant"]
-            if row["status"] != "ok":
-                error = h.cell(row["error"])
+            if row["status"] != "ok":  # failed, skipped, or does not learn (no rate: the verdict instead)
+                error = h.cell(row["note"])
                 print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  | {error} |")
                 continue
             per_round = row.get("ratio_per_round") or []
@@ -1129,6 +1219,15 @@ def print_markdown(report: dict[str, Any]) -> None:
                 ran_as(row["setup"]),
             ]
             print("| " + " | ".join(cells) + " |")
+        judged = [r for r in rows if r.get("learning")]
+        if judged:
+            print(
+                f"\nLearning: {h.first_steps(report['learning_steps'])} of each variant from the seed, "
+                "judged against stock's by nanopatch.learning (the test suite's definition); a variant that does not "
+                "learn as stock gets no rate:\n"
+            )
+            for r in judged:
+                print(f"- {h.learning_line(r)}")
         targets = [f"`{r['variant']}`: {targets_text(r['targets'])}" for r in rows if r.get("targets")]
         if targets:
             print("\nTargets (from the issue; printed, never asserted):\n")
@@ -1147,8 +1246,9 @@ def print_markdown(report: dict[str, Any]) -> None:
         "(interquartile range / median): the spread of those samples. CPU: the worker's CPU time / (wall time x "
         "its threads); well below 100%, other processes shared the cores. Other load (in the notes): the CPU time "
         "the rest of the machine took during a sample, as a share of all CPUs. x stock, x by-hand: ratios of the "
-        "medians; per round: the range of the ratio to stock's sample of the same round. Warm-up extra: warm-up "
-        "time beyond as many steady steps (for compile: the compile time). Targets are printed, never asserted."
+        "medians; per round: the range of the ratio to stock's sample of the same round. First step: the worker's "
+        "first training step (the first learning step). Warm-up extra: the time of the learning and warm-up steps "
+        "beyond as many steady steps (for compile: the compile time). Targets are printed, never asserted."
     )
     for note in report["notes"]:
         print(f"\nNote: {note}")
@@ -1233,6 +1333,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"untimed steps after building (default 2; 1 with --quick); compile gets {COMPILE_EXTRA_WARMUP} more",
     )
     parser.add_argument(
+        "--learning-steps",
+        type=int,
+        help=f"steps each variant records from the seed before its warm-up, judged against stock's for the "
+        f"learning check (default {h.LEARNING_STEPS[False]}; {h.LEARNING_STEPS[True]} with --quick)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="small sizes to check that it works: 112 px, image batch 8, 64 tokens; 3 rounds of 1 step",
@@ -1259,12 +1365,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main()
     models = h.parse_names(args.models, MODELS + HIDDEN_MODELS, "--models", parser, shown=MODELS)
-    variants = h.parse_names(args.variants, VARIANTS, "--variants", parser)
+    variants = h.parse_names(args.variants, VARIANTS + HIDDEN_VARIANTS, "--variants", parser, shown=VARIANTS)
     for name, value in DEFAULTS[args.quick].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if min(args.rounds, args.steps, args.warmup) < 1:
-        parser.error("--rounds, --steps and --warmup must be >= 1")
+    if min(args.rounds, args.steps, args.warmup, args.learning_steps) < 1:
+        parser.error("--rounds, --steps, --warmup and --learning-steps must be >= 1")
     if args.profile < 0:
         parser.error("--profile must be >= 0")
 
@@ -1309,6 +1415,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,
+        "learning_steps": args.learning_steps,
         "compile_extra_warmup": COMPILE_EXTRA_WARMUP,
         "profile_steps": args.profile,
         "targets": {"x_stock": TARGETS, "x_by_hand": TARGETS_BY_HAND, "x_lightning_bf16": TARGET_X_LIGHTNING},

@@ -16,8 +16,11 @@ with nanopatch's fast dropout masks and with glibc keeping freed memory (both as
   forward, their gradients added to the fp32 weights' ``.grad`` in fp32 by a post-accumulate
   hook; after ``optimizer.step()`` one ``torch._foreach_copy_`` writes the new bf16 copies.
 
-A prototype for measurement: it is not in nanopatch. Rounds alternate the variants, the order
-rotated each round. Prints a Markdown table (``--json PATH`` for rows in bench/'s schema).
+A prototype for measurement: it is not in nanopatch. Before its rounds, each variant records its
+first ``--learning-steps`` steps from the seed (``nanopatch.learning.Recorder``), judged against
+``autocast``'s with ``nanopatch.learning.compare``: one that does not learn as autocast does gets
+no rate. Rounds alternate the variants, the order rotated each round. Prints a Markdown table
+(``--json PATH`` for rows in bench/'s schema).
 
     PYTHONPATH=. python bench/working_weights.py [--models transformer,resnet18] [--quick]
 """
@@ -74,7 +77,7 @@ class Prototype:
     def step(self) -> float:
         import torch
 
-        from nanopatch.training.dropout import FastBernoulli
+        from nanopatch.training import dropout
 
         job = self.job
         job.optimizer.zero_grad(set_to_none=True)
@@ -85,7 +88,7 @@ class Prototype:
             for module, name, _, copy in self.pairs:
                 module._parameters[name] = copy
             try:
-                with FastBernoulli():
+                with dropout.region():  # fast masks, as in a model nanopatch accelerates
                     output = job.model(inputs)
             finally:
                 for module, name, weight, _ in self.pairs:
@@ -99,15 +102,33 @@ class Prototype:
         return loss.item()
 
 
+def learning_steps(proto: Prototype, steps: int) -> list[dict[str, Any]]:
+    """The prototype's first ``steps`` steps from the seed, recorded for the learning check."""
+    import torch
+
+    torch.manual_seed(ts.SEED)  # both variants draw the same dropout masks
+    with h.Learning(steps, [proto.job.model]).start() as learning:
+        for _ in range(steps):
+            proto.step()
+            learning.after_step()
+    return learning.record
+
+
 def run(args) -> dict[str, Any]:
     from nanopatch import _malloc
+    from nanopatch.training import dropout
 
     done, what = _malloc.keep_freed_memory()
     h.log(what if done else f"malloc left as it is: {what}")
+    if not dropout.install():  # the fast mask kernel, as patch_torch() registers it (it says why not)
+        h.log("fast dropout masks off: torch cannot register the mask kernel")
     rows = []
     for model in args.models:
         shape = ts.SHAPES[args.quick]
-        protos = {v: Prototype(model, shape, v == "working-weights") for v in VARIANTS}
+        protos, records = {}, {}
+        for variant in VARIANTS:
+            protos[variant] = Prototype(model, shape, variant == "working-weights")
+            records[variant] = learning_steps(protos[variant], args.learning_steps)
         for proto in protos.values():
             for _ in range(args.warmup):
                 proto.step()
@@ -122,32 +143,45 @@ def run(args) -> dict[str, Any]:
         base = statistics.median(rates["autocast"])
         for variant in VARIANTS:
             rate = statistics.median(rates[variant])
-            rows.append(
-                h.row(
-                    "working_weights",
-                    model,
-                    variant,
-                    rate,
-                    ts.unit(model),
-                    rate / base,
-                    stock=variant == "autocast",
-                    rates=rates[variant],
-                    weights_in_bf16=len(protos[variant].pairs),
-                )
+            r = h.row(
+                "working_weights",
+                model,
+                variant,
+                rate,
+                ts.unit(model),
+                rate / base,
+                stock=variant == "autocast",
+                rates=rates[variant],
+                weights_in_bf16=len(protos[variant].pairs),
             )
+            rows.append(h.learning_row(r, records[variant], records["autocast"], "autocast"))
         del protos
-    return {"bench": "working_weights", "machine": h.machine_facts("torch"), "malloc": what, "rows": rows}
+    return {
+        "bench": "working_weights",
+        "machine": h.machine_facts("torch"),
+        "malloc": what,
+        "fast_dropout": dropout.installed(),
+        "fast_masks_drawn": dropout.drawn[0],
+        "learning_steps": args.learning_steps,
+        "rows": rows,
+    }
 
 
 def print_table(report: dict[str, Any]) -> None:
     print("| model | variant | rate | spread | x autocast | bf16 weight copies |")
     print("|---|---|---|---|---|---|")
     for r in report["rows"]:
+        if r["rate"] is None:  # does not learn as autocast does: no rate, the verdict instead
+            print(f"| {r['group']} | {r['variant']} | {h.DOES_NOT_LEARN} |  |  | {r['weights_in_bf16']} |")
+            continue
         low, high = r["spread"]
         print(
             f"| {r['group']} | {r['variant']} | {r['rate']:.1f} {r['unit']} | {low:.1f}-{high:.1f} "
             f"| {r['ratio_to_stock']:.3f}x | {r['weights_in_bf16']} |"
         )
+    print(f"\nLearning: {h.first_steps(report['learning_steps'])} of each variant from the seed:\n")
+    for r in report["rows"]:
+        print(f"- {r['group']}, {h.learning_line(r)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--learning-steps",
+        type=int,
+        help=f"steps each variant records from the seed, judged against autocast's for the learning check "
+        f"(default {h.LEARNING_STEPS[False]}; {h.LEARNING_STEPS[True]} with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="the small shapes of train_step.py --quick")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if args.learning_steps is None:
+        args.learning_steps = h.LEARNING_STEPS[args.quick]
     args.models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(args.models) - set(ts.MODELS) - set(ts.HIDDEN_MODELS))
     if unknown:

@@ -1,9 +1,9 @@
 """bench/frameworks.py runs end to end at tiny sizes (ResNet-18 at 32 px, batch 4; a one-layer BERT):
 one round of variants that between them run every script (Lightning, Lightning DDP, the Hugging
 Face Trainer, timm) and every launch (plain python, python -m nanopatch, --nproc 2, Lightning's own
-DDP processes); the report's rows, checks and inside-probes have the shape
+DDP processes); the report's rows, checks, inside-probes and learning verdicts have the shape
 bench/run.py reads. A second test feeds the report synthetic runs of all variants for the ratios,
-targets and checks. Nothing asserts on a timing."""
+targets, checks and a variant that does not learn as stock. Nothing asserts on a timing."""
 
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ def load_frameworks(monkeypatch):
 def test_tiny_run_of_every_script_and_launch(tmp_path):
     out = tmp_path / "fw.json"
     script = str(REPO_ROOT / "bench" / "frameworks.py")
-    tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--variants", ",".join(NAMES)]
+    # one learning step: at tiny sizes (batch 4) the loss leaps from step to step, outside the
+    # tolerance's bf16 noise; the first step checks the gradients, the updates and the first loss
+    tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--learning-steps", "1"]
+    tiny += ["--variants", ",".join(NAMES)]
     proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round 1/1" in proc.stderr
@@ -77,7 +80,20 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
 
     rows = {r["variant"]: r for r in report["rows"]}
     for row in report["rows"]:
-        assert row["rate"] > 0, (row["variant"], row.get("error"), row.get("log"))
+        # its first run recorded its first step from the seed, judged against its stock's
+        learning = row["learning"]
+        assert learning["steps"] == 1 and learning["grads"] == [62 if row["group"] != "hf" else 25], learning
+        if row["variant"] == "nproc2" and learning["learns"] is False:
+            # nanopatch shards the loader itself: its ranks' batches are not ddp-stock's, and at
+            # tiny sizes a first loss on 4 images can differ by more than the tolerance; its
+            # gradients and updates were the same, and it keeps no rate
+            assert learning["problems"] and all("loss" in p for p in learning["problems"]), learning
+            assert row["rate"] is None and row["ratio_to_stock"] is None and row["spread"] == []
+            assert "| nproc2 | does not learn |" in proc.stdout
+        else:
+            assert learning["learns"] is (None if row["group"] == "timm" else True), (row["variant"], learning)
+            assert row["rate"] > 0, (row["variant"], row.get("error"), row.get("log"))
+            assert row["spread"] == [row["rate"], row["rate"]]  # one round
         d = row["details"]
         # the checks: each ran as its variant says (nanopatch imported or not, processes, world
         # size, steps, precision, the probe saw every timed step; two ranks in sync on different data)
@@ -86,7 +102,6 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
         assert d["steps_seen"] == [STEPS + 1] * d["processes"]
         assert d["probe"]["calls"] == STEPS and sum(d["probe"]["dtypes"].values()) == STEPS
         assert len(d["other_load"]) == 1 and 0 <= d["other_load"][0] <= 1
-        assert row["spread"] == [row["rate"], row["rate"]]  # one round
         assert row["unit"] == ("samples/s" if row["group"] == "hf" else "img/s")
 
     stock = rows["stock"]
@@ -125,6 +140,23 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert own["precision"] == "autocast" and own["inside"] == "bf16 / contiguous"
     timm = rows["timm-nanopatch"]
     assert timm["ratio_to_stock"] is None and timm["details"]["framework"].startswith("timm ")
+    assert timm["learning"]["verdict"] == "not judged: no timm-stock run to compare with"
+    # the learning baselines: a group's stock, or for two processes (other batches than one) ddp-stock
+    against = {name: rows[name]["learning"]["against"] for name in NAMES}
+    assert against == {
+        "stock": None,
+        "nanopatch+bf16-mixed": "stock",
+        "nproc2": "ddp-stock",
+        "nano-trainer-2": "ddp-stock",
+        "ddp-stock": None,
+        "hf-stock": None,
+        "hf-bf16-nanopatch": "hf-stock",
+        "timm-nanopatch": "timm-stock",
+        "timm-autocast": "timm-stock",
+    }
+    assert rows["hf-bf16-nanopatch"]["learning"]["grads"] == rows["hf-stock"]["learning"]["grads"]
+    assert [len(r["ranks"]) for r in report["runs"]["nproc2"]] == [2]
+    assert "Learning: the first step of each variant's first run" in proc.stdout
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
 
     # what bench/run.py makes of it: the group prefix goes, so the groups share columns
@@ -143,8 +175,18 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     ]
 
 
+PARAMS = ["conv1.weight", "bn1.weight", "bn1.bias", "fc.weight", "fc.bias"]
+
+
+def learning_record(grads=PARAMS) -> list[dict]:
+    """Two recorded steps (nanopatch.learning.Step.as_dict)."""
+    step = {"optimizer": "SGD", "grads": sorted(grads), "updated": sorted(grads), "zero": [], "nonfinite": []}
+    return [{**step, "loss": 2.3}, {**step, "loss": 2.2}]
+
+
 def fake_rank(rank: int, rate_s: float, *, patched: bool, world: int = 1, dtype: str = "float32", **extra) -> dict:
-    """A worker's result as it writes it: 8 samples in ``rate_s`` seconds."""
+    """A worker's result as it writes it: 8 samples in ``rate_s`` seconds, after two recorded
+    learning steps."""
     result = {
         "rank": rank,
         "samples": 8,
@@ -169,6 +211,8 @@ def fake_rank(rank: int, rate_s: float, *, patched: bool, world: int = 1, dtype:
         "first_weight_channels_last": patched,
         "probe": {"layer": "conv1", "calls": 2, "dtypes": {dtype: 2}, "inputs_4d": 2, "channels_last": 0},
         "env": {},
+        "learning_steps": 2,
+        "learning": learning_record(),
     }
     result.update(extra)
     return result
@@ -205,6 +249,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
             dtype = "float32"  # a check fails: bf16-mixed that computed in fp32
         if name == "stock":
             extra["nanopatch_imported"] = True  # a check fails: stock imported nanopatch
+        if name == "nano-trainer-2":
+            extra["learning"] = learning_record(PARAMS[1:])  # its steps never reach the first convolution
         ranks = [
             fake_rank(r, s, patched=v.patched, world=v.processes, dtype=dtype, **extra) for r in range(v.processes)
         ]
@@ -231,7 +277,19 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert rows["nproc2"]["rate"] == pytest.approx(32) and rows["nproc2"]["ratio_to_stock"] == pytest.approx(4)
     nano_targets = [(t["against"], t["met"]) for t in rows["nano-trainer"]["targets"]]
     assert nano_targets == [("stock", True), ("bf16-mixed", True)]
-    assert [(t["against"], t["met"]) for t in rows["nano-trainer-2"]["targets"]] == [("nano-trainer", True)]
+    # nano-trainer-2 ran at 32 img/s, but does not learn as ddp-stock (its two-process stock): no
+    # rate, no ratio, no target, nothing timed left in its row or its runs
+    broken = rows["nano-trainer-2"]
+    assert broken["learning"]["learns"] is False and broken["learning"]["against"] == "ddp-stock"
+    assert broken["note"].startswith("does not learn as stock: at step 1, 1 of 5 parameters")
+    assert broken["rate"] is None and broken["ratio_to_stock"] is None and "ratio_to_bf16_mixed" not in broken
+    assert broken["rates"] == [] and broken["spread"] == [] and "targets" not in broken
+    assert not {"cpu_use", "wall_s", "setup_s"} & set(broken["details"]) and broken["details"]["problems"] == []
+    kept = fw.h.runs_kept(broken, runs["nano-trainer-2"])
+    assert not {"rate", "seconds", "cpu_s"} & set(kept[0]) and not {"seconds", "step_s"} & set(kept[0]["ranks"][0])
+    assert fw.h.runs_kept(rows["nproc2"], runs["nproc2"]) is runs["nproc2"]
+    assert rows["nproc2"]["learning"]["learns"] is True and rows["nproc2"]["learning"]["against"] == "ddp-stock"
+    assert rows["stock"]["learning"]["verdict"] == "the reference"
     assert rows["ddp-nanopatch"]["ratio_to_stock"] == pytest.approx(0.8)
     assert [(t["against"], t["met"]) for t in rows["ddp-nanopatch"]["targets"]] == [("ddp-stock", False)]
     assert rows["hf-nanopatch"]["targets"][0]["met"] is False
@@ -275,6 +333,7 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
         "rounds": 1,
         "steps": 2,
         "warmup": 1,
+        "learning_steps": 2,
         "descriptions": fw.descriptions(args),
         "rows": list(rows.values()),
         "loadavg_end": "1.0",
@@ -286,5 +345,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert ">= 1.8x stock: met; >= 1.1x bf16-mixed: met" in text
     assert ">= 1x ddp-stock: not met" in text and ">= 1.3x hf-stock: not met" in text
     assert "- check failed: `stock`: nanopatch was imported" in text
+    assert "| nano-trainer-2 | does not learn |  |  |  |  |  |  |  | does not learn as stock: at step 1" in text
+    assert "- `nano-trainer-2`: does not learn as stock: at step 1, 1 of 5 parameters" in text
+    assert "- `nproc2`: learns as stock (2 steps" in text
     assert "| x stock | x bf16-mixed | target |" in text
     assert "| x hf-stock | x hf-bf16 | target |" in text and "| x timm-stock | x timm-autocast | target |" in text

@@ -1,6 +1,7 @@
 """bench/multi_instance.py runs end to end: the hidden tiny model at 32 px, batch 4, one round of
 every variant (plain python, the runner untuned and tuned, and --nproc 2), and the JSON rows have
-the shape bench/run.py reads, with what each variant really ran with."""
+the shape bench/run.py reads, with what each variant really ran with and its first steps judged
+against stock's (nanopatch.learning)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_tiny_run_of_every_variant(tmp_path):
     out = tmp_path / "mi.json"
     script = str(REPO_ROOT / "bench" / "multi_instance.py")
     tiny = ["--model", "tiny", "--image-size", "32", "--batch", "4", "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    tiny += ["--learning-steps", "2"]
     proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round 1/1" in proc.stderr
@@ -58,7 +60,18 @@ def test_tiny_run_of_every_variant(tmp_path):
         assert all(t >= 1 for t in details["threads"]) and details["affinity"]
         assert len(details["other_load"]) == 1 and 0 <= details["other_load"][0] <= 1
         assert details["nanopatch_imported"] == [row["variant"] != "stock"] * details["processes"]
+        # the first run's first 2 steps from the seed (rank 0's), judged against stock's
+        learning = row["learning"]
+        assert learning["steps"] == 2 and learning["grads"] == [8, 8], learning  # the tiny CNN's 8 parameters
+        assert learning["learns"] is True, learning["verdict"]
+        assert learning["against"] == (None if row["variant"] == "stock" else "stock")
+        assert f"- learning: `{row['variant']}`: " in proc.stdout
     assert rows["stock"]["ratio_to_stock"] == 1.0
+    # stock recorded without importing nanopatch (nanopatch.learning's file loaded on its own)
+    assert report["runs"]["stock"][0]["ranks"][0]["nanopatch_imported"] is False
+    # the --nproc ranks each recorded their own steps; rank 1 saw other batches
+    ranks = report["runs"]["patched, --nproc 2"][0]["ranks"]
+    assert [len(r["learning"]) for r in ranks] == [2, 2] and ranks[0]["learning"] != ranks[1]["learning"]
 
     single = [rows[n]["details"] for n in NAMES[:3]]
     for details in single:

@@ -567,3 +567,100 @@ def test_machine_facts_from_the_harness():
     assert machine["cpu_model"] and machine["logical_cpus"] >= 1 and isinstance(machine["flags"], list)
     assert versions["torch"] and versions["nanopatch"] and "opencv-python" not in versions
     assert set(facts["git"]) >= {"commit", "dirty"}
+
+
+# --- learning: a training variant that does not learn as stock gives no speed-up ------------------
+
+PARAMS = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"]
+
+
+def record(losses, grads=PARAMS):
+    """A learning record as the benches' workers write it (nanopatch.learning.Step.as_dict)."""
+    step = {"optimizer": "SGD", "grads": sorted(grads), "updated": sorted(grads), "zero": [], "nonfinite": []}
+    return [{**step, "loss": loss} for loss in losses]
+
+
+def judged_train_step_rows():
+    """stock, a ``patched`` that learns as stock (2x faster), a ``compile`` whose steps reach the
+    head alone (3x faster): judged by the harness as train_step judges its rows."""
+    stock_record = record([6.9, 6.7, 6.4])
+    table = [
+        ("stock", 40.0, stock_record),
+        ("patched", 80.0, record([6.9, 6.71, 6.42])),
+        ("compile", 120.0, record([6.9, 6.85, 6.8], grads=PARAMS[2:])),
+    ]
+    rows = []
+    for variant, rate, steps in table:
+        r = h.row("train_step", "resnet18", variant, rate, "img/s", None, stock=variant == "stock", rates=[rate],
+                  rounds=[0], status="ok")  # fmt: skip
+        rows.append(h.learning_row(r, steps, stock_record, "stock"))
+    h.ratios_to(rows, rows[0])
+    return {"benchmark": "train_step", "rows": rows}
+
+
+def test_a_variant_that_does_not_learn_keeps_no_rate():
+    raw = judged_train_step_rows()
+    stock, patched, broken = raw["rows"]
+    assert stock["learning"]["verdict"] == "the reference" and stock["learning"]["learns"] is True
+    assert patched["learning"]["learns"] is True and patched["ratio_to_stock"] == pytest.approx(2.0)
+    assert patched["learning"]["loss"] == [6.9, 6.71, 6.42] and patched["learning"]["stock_grads"] == [4, 4, 4]
+    # the verdict of nanopatch.learning.compare: the backbone never got a gradient
+    assert broken["learning"]["learns"] is False and broken["learning"]["grads"] == [2, 2, 2]
+    assert broken["note"].startswith("does not learn as stock: at step 1, 2 of 4 parameters")
+    # no speed-up can be computed from what is left of its row
+    assert broken["rate"] is None and broken["ratio_to_stock"] is None
+    assert broken["rates"] == [] and broken["spread"] == [] and "ratio_per_round" not in broken
+    kept = by_key(run.rows_of(run.BENCHES["train_step"], raw))
+    assert kept[("resnet18", "compile")]["learning"]["learns"] is False
+    assert kept[("resnet18", "compile")]["rate"] is None and kept[("resnet18", "compile")]["ratio_to_stock"] is None
+
+
+def learning_results():
+    raw = judged_train_step_rows()
+    entry = {"status": "ok", "raw": raw, "rows": run.rows_of(run.BENCHES["train_step"], raw), "seconds": 10.0}
+    return {**sample_results(), "benches": {"train_step": entry}, "failures": [], "rows": entry["rows"]}
+
+
+def test_markdown_says_does_not_learn_with_the_reason():
+    text = run.markdown(learning_results(), run.BENCHES, {})
+    lines = text.splitlines()
+    assert "| resnet18 | img/s | 40.0 | 80.0 (2.00x) | **does not learn** |" in lines
+    assert "3.00x" not in text and "120" not in text
+    (verdict,) = [line for line in lines if line.startswith("- resnet18: `compile`")]
+    assert "does not learn as stock: at step 1, 2 of 4 parameters that got a gradient in stock got none" in verdict
+    assert "loss 6.9 6.85 6.8, grads 2/2/2 (stock: loss 6.9 6.7 6.4, grads 4/4/4)" in verdict
+    assert any(line.startswith("- resnet18: `patched`: learns as stock (3 steps") for line in lines)
+
+
+def test_readme_table_says_does_not_learn():
+    lines = run.readme_table(learning_results(), run.BENCHES).splitlines()
+    assert "| train_step | resnet18 | 40.0 img/s | patched 2.00x, compile **does not learn** |" in lines
+    assert any(line.startswith("**does not learn**: its first training steps from the seed") for line in lines)
+    # a report from before the learning check (no verdict in its rows) renders as it did
+    assert (
+        "| train_step | resnet18 | 38.8 img/s | patched 1.52x, compile 1.82x\u2020 |"
+        in run.readme_table(sample_results(), run.BENCHES).splitlines()
+    )
+
+
+def chart_parts(fig):
+    """Each bar container's label and bar heights, and every text on the chart (the values on the
+    bars are among them)."""
+    ax = fig.axes[0]
+    bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
+    return bars, [t.get_text() for t in [*ax.texts, *fig.texts]]
+
+
+def test_chart_draws_no_speed_up_for_a_variant_that_does_not_learn():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig = run.chart_figure(learning_results(), "train_step", run.BENCHES["train_step"])
+    try:
+        bars, texts = chart_parts(fig)
+    finally:
+        plt.close(fig)
+    assert bars == {"patched": [pytest.approx(2.0)]}  # compile: no bar, a cross and a legend entry
+    assert "compile" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "2.00x" in texts and "does not learn" in texts and not any("3.00" in t for t in texts)
+    assert any("does not learn: no speed-up drawn" in t for t in texts)

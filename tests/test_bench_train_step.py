@@ -1,6 +1,8 @@
 """bench/train_step.py runs end to end: quick mode, the hidden tiny model, one round of one step of
-stock, by-hand, patched and the two Lightning variants, profiled, and the JSON report holds what
-it should. One run serves every test here."""
+stock, by-hand, patched, the two Lightning variants and the hidden ``broken`` one (patched, its
+first layer detached), profiled, and the JSON report holds what it should: every variant's learning
+record judged against stock's, and no rate for the one that does not learn. One run serves every
+test here."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from conftest import REPO_ROOT, run_python
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
 LIGHTNING = ["lightning-bf16", "lightning-bf16-patched"] if HAVE_LIGHTNING else []
 VARIANTS = ["stock", "by-hand", "by-hand-tcmalloc", "patched", *LIGHTNING]
+#: and a variant that does not learn as stock: patched, with its first layer's output detached
+RUN = [*VARIANTS, "broken"]
 needs_lightning = pytest.mark.skipif(not HAVE_LIGHTNING, reason="Lightning is not installed here")
 
 
@@ -27,7 +31,7 @@ needs_lightning = pytest.mark.skipif(not HAVE_LIGHTNING, reason="Lightning is no
 def tiny_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = tmp_path_factory.mktemp("train_step") / "train_step.json"
     script = str(REPO_ROOT / "bench" / "train_step.py")
-    args = [script, "--quick", "--models", "tiny", "--variants", ",".join(VARIANTS), "--rounds", "1"]
+    args = [script, "--quick", "--models", "tiny", "--variants", ",".join(RUN), "--rounds", "1"]
     proc = run_python([*args, "--profile", "1", "--json", str(out)], cwd=REPO_ROOT, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
@@ -49,13 +53,14 @@ def test_quick_tiny_run_writes_json(tiny_run):
         "by-hand-tcmalloc": None,
         "patched": {},
         **lightning,
+        "broken": {},
     }
 
     model = report["models"]["tiny"]
     assert model["unit"] == "img/s" and model["shape"]["image_batch"] == 8
-    assert [r["order"] for r in model["rounds"]] == [VARIANTS]
-    rows = {r["variant"]: r for r in report["rows"]}
-    assert list(rows) == VARIANTS
+    assert [r["order"] for r in model["rounds"]] == [RUN]
+    rows = {r["variant"]: r for r in report["rows"] if r["variant"] in VARIANTS}
+    assert [r["variant"] for r in report["rows"]] == RUN
     stock, by_hand, patched = rows["stock"], rows["by-hand"], rows["patched"]
     for row in rows.values():
         assert row["status"] == "ok", row.get("error")
@@ -151,7 +156,7 @@ def test_by_hand_with_tcmalloc_preloads_it(tiny_run):
 
 def test_ratio_to_by_hand_and_targets(tiny_run):
     proc, report = tiny_run
-    rows = {r["variant"]: r for r in report["rows"]}
+    rows = {r["variant"]: r for r in report["rows"] if r["variant"] in VARIANTS}
     by_hand = rows["by-hand"]
     assert by_hand["ratio_to_by_hand"] == 1.0
     for row in rows.values():
@@ -176,7 +181,7 @@ def test_profile(tiny_run):
     """--profile 1: every worker ran one more step under torch.profiler; the top ops by self CPU
     time and the dtype conversions came back, and the report prints a table per variant."""
     proc, report = tiny_run
-    rows = {r["variant"]: r for r in report["rows"]}
+    rows = {r["variant"]: r for r in report["rows"] if r["variant"] in VARIANTS}
     for variant, row in rows.items():
         profile = row["profile"]
         assert profile["steps"] == 1 and profile["step_ms"] > 0 and profile["self_ms"] > 0
@@ -218,3 +223,79 @@ def test_probe_sees_a_layer_the_transformer_calls():
     found = bench.probe_result(probe)
     assert found["layer"] == "encoder.layers.0.linear1 (Linear)" and found["calls"] == 1, found
     assert found["dtypes"] == {"bfloat16": 1} and found["inputs_4d"] == 0
+
+
+def test_every_variant_is_judged_against_stock(tiny_run):
+    """Each worker recorded its first steps from the seed (quick: 3) with nanopatch.learning's
+    Recorder, and the parent judged them against stock's with nanopatch.learning.compare: every
+    variant but ``broken`` learns as stock and has its rate and ratio."""
+    proc, report = tiny_run
+    assert report["learning_steps"] == 3
+    rows = {r["variant"]: r for r in report["rows"]}
+    stock = rows["stock"]["learning"]
+    assert stock["verdict"] == "the reference" and stock["learns"] is True and stock["steps"] == 3
+    assert stock["grads"] == [8, 8, 8] and all(loss > 0 for loss in stock["loss"])  # the tiny CNN's 8 parameters
+    for variant in VARIANTS[1:]:
+        row, entry = rows[variant], rows[variant]["learning"]
+        if row["status"] == "skipped":
+            continue
+        assert entry["learns"] is True, (variant, entry["verdict"])
+        assert entry["against"] == "stock" and entry["grads"] == [8, 8, 8] and entry["stock_loss"] == stock["loss"]
+        assert entry["verdict"].startswith("learns as stock (3 steps")
+        assert row["rate"] > 0 and row["ratio_to_stock"] == pytest.approx(row["rate"] / rows["stock"]["rate"])
+        assert f"- `{variant}`: learns as stock (3 steps" in proc.stdout
+
+
+def test_a_variant_that_does_not_learn_gets_no_rate(tiny_run):
+    """``broken`` ran and was timed, but its first layer got no gradient: it is printed "does not
+    learn" with the verdict's reason, and its row keeps nothing a speed-up could be computed from."""
+    proc, report = tiny_run
+    row = next(r for r in report["rows"] if r["variant"] == "broken")
+    entry = row["learning"]
+    assert row["status"] == "does not learn" and entry["learns"] is False and entry["grads"] == [7, 7, 7]
+    assert entry["verdict"].startswith("does not learn as stock: at step 1, 1 of 8 parameters that got a gradient")
+    assert "(0.weight)" in entry["verdict"] and row["note"] == entry["verdict"]
+    assert row["rate"] is None and row["ratio_to_stock"] is None and row["ratio_to_by_hand"] is None
+    assert row["rates"] == [] and row["spread"] == [] and row["targets"] == []
+    assert not {"samples", "profile", "step_s", "ratio_per_round", "first_step_s"} & set(row)
+    assert not {"learning_step_s", "warmup_step_s"} & set(row["setup"])
+    assert row["setup"]["nanopatch"]["patch_torch"] == {}  # what it ran stays
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("| broken |"))
+    assert line.startswith("| broken | does not learn |  |") and "x" not in line.split("|")[6]
+    assert "- `broken`: does not learn as stock: at step 1" in proc.stdout
+
+
+def test_the_report_renders_does_not_learn(tiny_run):
+    """bench/run.py's Markdown, README table and chart of this run: the variants that learn with
+    their ratio, ``broken`` as "does not learn" with no ratio and no bar."""
+    import dataclasses
+
+    from test_bench_run import chart_parts, fake_facts, run
+
+    _, report = tiny_run
+    every_variant = {"train_step": dataclasses.replace(run.BENCHES["train_step"], readme=None)}
+    rows = run.rows_of(every_variant["train_step"], report)
+    results = {
+        **fake_facts(),
+        "command": "python bench/run.py --quick",
+        "quick": True,
+        "started": "2026-11-25T00:00:00+00:00",
+        "benches": {"train_step": {"status": "ok", "rows": rows, "seconds": 1.0}},
+    }
+    stock = next(r for r in rows if r["variant"] == "stock")
+    patched = next(r for r in rows if r["variant"] == "patched")
+    md = run.markdown(results, every_variant, {}).splitlines()
+    (line,) = [line for line in md if line.startswith("| tiny | img/s |")]
+    assert line.endswith("| **does not learn** |") and f"({patched['ratio_to_stock']:.2f}x)" in line
+    assert any(x.startswith("- tiny: `broken`: does not learn as stock: at step 1") for x in md)
+    readme = run.readme_table(results, every_variant).splitlines()
+    (line,) = [line for line in readme if line.startswith("| train_step | tiny |")]
+    assert "broken **does not learn**" in line and f"patched {patched['ratio_to_stock']:.2f}x" in line
+    assert line.startswith(f"| train_step | tiny | {run.fmt_rate(stock['rate'])} img/s |")
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig = run.chart_figure(results, "train_step", every_variant["train_step"])
+    bars, texts = chart_parts(fig)
+    plt.close(fig)
+    assert "broken" not in bars and len(bars["patched"]) == 1 and "does not learn" in texts

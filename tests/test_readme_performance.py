@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from test_bench_run import run
 
 from conftest import REPO_ROOT
@@ -45,3 +46,23 @@ def test_readme_names_the_reports_machine_and_date():
     assert results["started"][:10] in section
     assert results["versions"]["torch"].split("+")[0] in section
     assert "bench/run.py" in section
+
+
+#: the benches whose variants train, and so are judged against stock's run (bench/_harness.py)
+TRAINING_BENCHES = ("train_step", "multi_instance", "frameworks")
+
+
+def test_every_training_figure_comes_from_a_run_that_learned_as_stock():
+    """Every training speed-up the README quotes is of a variant whose first steps from the seed
+    learned as stock's; one that did not is shown "does not learn" with no ratio."""
+    results = named_report()
+    if results["schema"] < 2:
+        pytest.skip("the README's report predates the learning check (schema 1): re-measure it with bench/run.py")
+    for r in results["rows"]:
+        if r["bench"] not in TRAINING_BENCHES or (r["rate"] is None and not r.get("learning")):
+            continue  # not training, or did not run
+        assert r.get("learning"), f"{r['bench']} {r['group']} {r['variant']}: no learning record"
+        if r["learning"]["learns"] is False:
+            assert r["rate"] is None and r["ratio_to_stock"] is None, r
+        else:
+            assert r["learning"]["learns"] is True, (r["bench"], r["group"], r["variant"], r["learning"]["verdict"])
