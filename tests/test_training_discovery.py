@@ -353,3 +353,37 @@ def test_the_trials_decision(bf16_ms, fp32_ms, kept):
     assert (plan.amp_dtype is not None) is kept
     assert trial.times[True] == pytest.approx([bf16_ms / 1e3] * 4)
     assert trial.times[False] == pytest.approx([fp32_ms / 1e3] * 4)
+
+
+def test_a_first_training_call_that_raises_raises_the_users_error_and_the_next_one_is_accelerated():
+    """torch runs always-call forward hooks while handling a forward's exception by iterating
+    its global hook dict itself: the search removes no hook there (it would turn the user's
+    error into "OrderedDict mutated during iteration")."""
+
+    class Flaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+            self.fail = True
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("the user's own error")
+            return self.linear(x)
+
+    from torch.nn.modules import module as module_mod
+
+    hooks_before = len(module_mod._global_forward_hooks)
+    with nanopatch.patched(bf16=True):
+        model = Flaky()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="the user's own error"):
+            model(torch.randn(2, 8))
+        model.fail = False
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(2, 8)).float().sum().backward()
+            optimizer.step()
+        [plan] = [p for p in nanopatch.status()["targets"]["training"]["details"] if p["model"] == "Flaky"]
+        assert plan["computed_in"] == "bfloat16" and plan["training_calls"] >= 1
+    assert len(module_mod._global_forward_hooks) == hooks_before

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import weakref
 from typing import Any
 
@@ -68,6 +69,7 @@ ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (
 _hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
 _outlived: list[Any] = []  # hook entries the journal let go of at unpatch, removed after the last call
 _inflight = [0]  # discovered calls running now, in every thread
+_later: list[Any] = []  # removals put off while torch iterates its hooks (see _discover_post)
 
 
 @contextlib.contextmanager
@@ -434,6 +436,7 @@ def stop() -> None:
 def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     """Global forward pre-hook while an optimizer is pending: pair the first module called in
     grad mode that holds its parameters, and accelerate this very call."""
+    _run_later()
     if not pending or tls("busy", 0) or tls("calls", []) or not torch.is_grad_enabled() or module in plans:
         return None
     try:
@@ -468,8 +471,6 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
 def _convert_call_kwargs(rank: int) -> None:
     """Global pre-hooks see only the positional arguments; the keyword ones of this call are
     the ``kwargs`` dict of ``Module._call_impl`` (which calls this hook), converted in place."""
-    import sys
-
     try:
         frame = sys._getframe(2)  # the hook's caller: _call_impl, or a closure inside it
         if frame.f_code.co_filename != nn.modules.module.__file__:
@@ -486,17 +487,27 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     if not calls or calls[-1][0] is not module:
         return None
     _, context, dtype, plan, ddp, probe = calls.pop()
-    probe.__exit__(None, None, None)
+    # When the forward raised, torch runs this hook while iterating its global hook dict itself
+    # (its normal path iterates a copy): removing a hook now would replace the user's exception
+    # with "OrderedDict mutated during iteration". The removals wait for the next safe point.
+    handling = sys.exc_info()[0] is not None
+    if handling:
+        _later.append(lambda: probe.__exit__(None, None, None))
+    else:
+        probe.__exit__(None, None, None)
     if context is not None:
         context.__exit__(None, None, None)
     with lock:
         _inflight[0] -= 1
         last = not _inflight[0] and (not pending or config() is None)
     if last:
-        stop()
+        if handling:
+            _later.append(stop)
+        else:
+            stop()
     if ddp is not None and result is not None:
         result = data_parallel().post_forward(ddp, result)
-    if module.training and torch.is_grad_enabled():
+    if module.training and torch.is_grad_enabled() and not handling:  # a call that raised is not observed
         fw.observe(plan, probe, dtype)
     if context is None or result is None:
         return result if ddp is not None else None
@@ -516,6 +527,14 @@ def _watch(optimizer: Any, plan: Plan | None = None) -> None:
 
 def step_pre(optimizer: Any, args: tuple, kwargs: dict) -> None:
     local.stepping = tls("stepping", 0) + 1
+    _run_later()
+
+
+def _run_later() -> None:
+    """The hook removals put off by :func:`_discover_post` (torch copies its hooks before it
+    iterates them here)."""
+    while _later:
+        _later.pop(0)()
 
 
 def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
@@ -616,6 +635,7 @@ def scan() -> None:
 def reset() -> None:
     """Forget the search (at unpatch)."""
     pending.clear()
+    _run_later()
     stop()
     watched.clear()
     unaccelerated.clear()
