@@ -34,6 +34,7 @@ def _fresh(fresh_log_once):
 def test_the_fast_dropout_probe_agrees_with_stock_here(dtype):
     with nanopatch.patched():  # registers the mask kernel and the checkpointing hooks
         assert selfcheck.probe_fast_dropout(dtype) is None
+        assert selfcheck.probe_replay(dtype) is None
 
 
 @pytest.mark.parametrize("rank", [None, 4], ids=["as-is", "channels-last"])
@@ -141,21 +142,55 @@ def _failed(fast_path: str) -> list[dict]:
     return [r for r in selfcheck.results() if r["fast_path"] == fast_path and not r["passed"]]
 
 
+def train_checkpointed():
+    from test_learning import ResidualMLP, image_batches  # noqa: F401 - the zoo's checkpointed model
+
+    model = ResidualMLP("non-reentrant")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(64, 128, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(3)]
+    loop(model, optimizer, batches, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
 def test_masks_whose_checkpointing_replay_diverges_are_turned_off(monkeypatch):
     """A torch where checkpointing's replay no longer runs in the forward's state (the hooks
-    reach nothing): the probe sees the replay's gradients differ, and the masks stay stock."""
+    reach nothing): the first checkpointed forward in a mask region finds the replay's gradients
+    differ, and every mask is stock from then on, that forward's included."""
     monkeypatch.setattr(replay, "restored", lambda state: replay.contextlib.nullcontext())
     outcome = learns_as_stock(
-        train_lm,
+        train_checkpointed,
         min_steps=STEPS,
         expect_warnings=("fast dropout masks turned off: .*checkpointing changes its gradients",),
     )
-    assert _failed("fast_dropout")
+    assert _failed("fast_dropout") and dropout.disabled[0]
     [model] = outcome.models
     assert model["computed_in"] == "bfloat16" and not model["fast_dropout"]
     with nanopatch.patched():
         checks = nanopatch.status()["targets"]["training"]["self_checks"]
-    assert any(c["fast_path"] == "fast_dropout" and not c["passed"] for c in checks)
+    assert any(c["key"].startswith("fast_dropout/replay") and not c["passed"] for c in checks)
+
+
+def test_the_replay_probe_runs_only_where_checkpointing_is_used():
+    """A script that never checkpoints does not pay for nanopatch's check of checkpointing's
+    replays (which runs checkpointed forwards and backwards)."""
+    from conftest import run_python
+
+    code = """
+        import torch, nanopatch
+        from torch import nn
+        nanopatch.patch_torch()
+        model = nn.Sequential(nn.Linear(64, 256), nn.Dropout(0.2), nn.Linear(256, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(64, 64)).float().sum().backward()
+            optimizer.step()
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        keys = [c["key"] for c in nanopatch.status()["targets"]["training"]["self_checks"]]
+        print(plan["fast_dropout"], "fast_dropout/bf16" in keys, any(k.startswith("fast_dropout/replay") for k in keys))
+    """
+    proc = run_python(code, check=True)
+    assert proc.stdout.split()[-3:] == ["True", "True", "False"], proc.stdout + proc.stderr
 
 
 def test_masks_that_cut_the_gradient_are_turned_off(monkeypatch):

@@ -41,8 +41,8 @@ MIN_ELEMENTS = 4096
 _LANES = 65536
 _EDGE = 1 / 1024
 
-#: masks drawn fast in this process (a region compares it before and after)
-drawn = [0]
+#: set when a self-check found that fast masks do not learn as stock: every mask is stock's
+disabled = [False]
 _installed: list[Any] = []  # the journal's entry while the kernel is registered
 
 
@@ -76,8 +76,8 @@ def in_region() -> bool:
 
 
 def _kernel(keyset: Any, tensor: torch.Tensor, p: Any = 0.5, generator: Any = None) -> torch.Tensor:
-    if getattr(local, "masks", 0) > 0 and eligible(tensor, p, generator):
-        drawn[0] += 1
+    if getattr(local, "masks", 0) > 0 and not disabled[0] and eligible(tensor, p, generator):
+        local.drawn = getattr(local, "drawn", 0) + 1  # per thread: a region counts its own thread's
         return fill_bernoulli(tensor, p, generator)
     return _aten.bernoulli_.float.redispatch(
         keyset.remove(torch._C.DispatchKey.BackendSelect), tensor, p, generator=generator
@@ -125,10 +125,10 @@ class region:
         self._before = 0
 
     def __enter__(self) -> region:
-        self._before = drawn[0]
+        self._before = getattr(local, "drawn", 0)
         local.masks = getattr(local, "masks", 0) + 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
         local.masks -= 1
-        self.fast = drawn[0] != self._before
+        self.fast = getattr(local, "drawn", 0) != self._before

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _patching
+from . import amp, dropout, selfcheck
 from .plan import local
 
 #: what :func:`install` hooks, in ``torch.utils.checkpoint``: (owner name, attribute)
@@ -50,9 +51,20 @@ def restored(state: tuple[int, int] | None) -> Iterator[None]:
         local.masks, local.ours = saved
 
 
+def _checked(state: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The first checkpointed forward inside a mask region checks that replays agree with their
+    forward on this torch (:func:`.selfcheck.replay_ok`); if not, masks are stock from now on,
+    this forward's included, so its replay agrees with it."""
+    if state is not None and state[0] and not getattr(local, "busy", 0) and not dropout.disabled[0]:
+        dtype = amp.current_dtype() if amp.autocast_enabled() else None
+        if not selfcheck.replay_ok(dtype):
+            dropout.disabled[0] = True
+    return state
+
+
 def _reentrant_forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if args:
-        args[0]._nanopatch_replay = snapshot()  # ctx
+        args[0]._nanopatch_replay = _checked(snapshot())  # ctx
     return wrapped(*args, **kwargs)
 
 
@@ -69,7 +81,7 @@ def _replaying(state: tuple[int, int], recompute: Any, *args: Any) -> Any:
 
 def _frame_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
-    state = snapshot()
+    state = _checked(snapshot())
     recompute = getattr(instance, "recompute_fn", None)
     if state is not None and recompute is not None:
         instance.recompute_fn = functools.partial(_replaying, state, recompute)

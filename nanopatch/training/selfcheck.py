@@ -5,7 +5,8 @@ against the stock path the first time it is about to be used in a process:
 
 * ``fast_dropout``: the mask kernel of :mod:`.dropout`, with the operators transformers and
   convolutional nets run around dropout (embedding, layer norm, attention, linear, GELU,
-  convolution, batch norm), and activation checkpointing's replay (reentrant and not);
+  convolution, batch norm); and, the first time activation checkpointing is used inside a mask
+  region, its replays (reentrant and not) of a forward that drew fast masks;
 * ``forward``: the instance forward of :mod:`.forward` (bf16 autocast, channels-last inputs,
   outputs back in fp32);
 * ``step``: torch's fused or foreach step for one optimizer class and its settings;
@@ -52,9 +53,12 @@ def results() -> list[dict[str, Any]]:
 
 
 def forget() -> None:
-    """Forget every result (tests)."""
+    """Forget every result, and turn back on what a failed probe turned off (tests)."""
+    from . import dropout
+
     with _lock:
         _results.clear()
+    dropout.disabled[0] = False
 
 
 def check(fast_path: str, key: str, probe: Callable[[], str | None], what: str) -> bool:
@@ -203,8 +207,7 @@ def _dropout_run(dtype: torch.dtype | None, fast: bool, checkpointing: str | Non
 
 
 def probe_fast_dropout(dtype: torch.dtype | None) -> str | None:
-    """The mask kernel against stock's masks (the same parameters get gradients), and its
-    replays under activation checkpointing against the same fast run without them."""
+    """The mask kernel against stock's masks: the same parameters get gradients."""
     names = list(_dropout_parameters())
     stock, _ = _dropout_run(dtype, fast=False, checkpointing=None)
     fast, drew = _dropout_run(dtype, fast=True, checkpointing=None)
@@ -216,6 +219,14 @@ def probe_fast_dropout(dtype: torch.dtype | None) -> str | None:
     zero = [n for n, grad in zip(names, fast, strict=True) if grad is not None and not bool(grad.ne(0).any())]
     if zero:
         return f"the gradient of {', '.join(zero)} is all zeros"
+    return None
+
+
+def probe_replay(dtype: torch.dtype | None) -> str | None:
+    """Activation checkpointing's replays (reentrant and not) of a forward that drew fast masks,
+    against the same fast run without checkpointing."""
+    names = list(_dropout_parameters())
+    fast, _ = _dropout_run(dtype, fast=True, checkpointing=None)
     plain = torch.cat([grad.float().flatten() for grad in fast])
     for checkpointing, limit in (("non-reentrant", 1e-6), ("reentrant", 0.05)):
         replayed, _ = _dropout_run(dtype, fast=True, checkpointing=checkpointing)
@@ -228,9 +239,20 @@ def probe_fast_dropout(dtype: torch.dtype | None) -> str | None:
     return None
 
 
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return "bf16" if dtype is not None else "fp32"
+
+
 def fast_dropout_ok(dtype: torch.dtype | None) -> bool:
-    name = "bf16" if dtype is not None else "fp32"
-    return check("fast_dropout", f"fast_dropout/{name}", lambda: probe_fast_dropout(dtype), "fast dropout masks")
+    key = f"fast_dropout/{_dtype_name(dtype)}"
+    return check("fast_dropout", key, lambda: probe_fast_dropout(dtype), "fast dropout masks")
+
+
+def replay_ok(dtype: torch.dtype | None) -> bool:
+    """Run where checkpointing is first used inside a mask region (it imports what the probe
+    needs, so a script that never checkpoints never pays for it)."""
+    key = f"fast_dropout/replay/{_dtype_name(dtype)}"
+    return check("fast_dropout", key, lambda: probe_replay(dtype), "fast dropout masks")
 
 
 # --- the instance forward --------------------------------------------------------------
