@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from . import __version__, config, cpu, runtime
+from . import __version__, _versions, config, cpu, runtime
 from ._patching import status
 
 _DISTRIBUTIONS = (
@@ -136,6 +136,7 @@ def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None
         "cpu": facts.as_dict(),
         "packages": {name: config.distribution_version(name) for name in _DISTRIBUTIONS},
         "torch": _torch_report(),
+        "torch_support": _versions.torch_support().as_dict(),
         "ipex": {"compatible": ipex_ok, "reason": ipex_reason},
         "libturbojpeg": libturbojpeg_report(),
         "opencv": _opencv_report(),
@@ -188,6 +189,9 @@ def format_table(info: dict[str, Any]) -> str:
         torch_rows = [("torch", f"cannot import: {t['error']}")]
     ipex = info["ipex"]
     torch_rows.append(("IPEX", ("compatible: " if ipex["compatible"] else "not used: ") + ipex["reason"]))
+    support = info["torch_support"]
+    torch_rows.append(("tested torch versions", support["summary"]))
+    torch_rows.append(("this torch", support["message"]))
     sections.append(("PyTorch", torch_rows))
     j = info["libturbojpeg"]
     o = info["opencv"]
@@ -245,6 +249,8 @@ def format_table(info: dict[str, Any]) -> str:
         lines.append(title)
         lines.append("-" * len(title))
         lines.extend(f"  {key:<{width}}  {value}" for key, value in rows)
-    for warning in info["warnings"]:
-        lines.append(f"warning: {warning}")
+    warnings = list(info["warnings"])
+    if support["meaning"]:
+        warnings.append(f"{support['message']}: {support['meaning']}")
+    lines.extend(f"warning: {warning}" for warning in warnings)
     return "\n".join(lines)

@@ -7,6 +7,7 @@ per form, shared by the tests through module-scoped fixtures; ``loaded_openmp_ru
 
 from __future__ import annotations
 
+import configparser
 import ctypes.util
 import importlib.metadata
 import json
@@ -17,12 +18,12 @@ import re
 import pytest
 
 import nanopatch
-from nanopatch import _info, config, cpu
+from nanopatch import _info, _versions, config, cpu
 
-from conftest import child_env, run_python
+from conftest import REPO_ROOT, child_env, run_python
 
 SECTIONS = ["CPU", "Packages", "PyTorch", "Image decoding", "Runtime environment", "Runtime tuning", "Options"]
-JSON_KEYS = {"cpu", "packages", "torch", "ipex", "libturbojpeg", "opencv", "environment", "options"}
+JSON_KEYS = {"cpu", "packages", "torch", "torch_support", "ipex", "libturbojpeg", "opencv", "environment", "options"}
 
 
 def expected_libturbojpeg():
@@ -65,6 +66,12 @@ def section(sections: dict[str, dict[str, str]], prefix: str) -> dict[str, str]:
     return sections[title]
 
 
+def untested_torch_warnings() -> list[str]:
+    """The report's trailing warning about the installed torch: none when it is tested."""
+    support = _versions.torch_support()
+    return [] if support.is_tested else [f"warning: {support.message}: {_versions.UNTESTED_MEANING}"]
+
+
 # --- the report in a subprocess --------------------------------------------------------------
 
 INFO_ENV = {"OMP_NUM_THREADS": "1", "NANOPATCH_CHANNELS_LAST": "0"}
@@ -95,7 +102,7 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     titles = list(sections)
     assert [next(t for t in titles if t.startswith(s)) for s in SECTIONS] == titles[: len(SECTIONS)]
     assert section(sections, "Options") is sections["Options (argument > NANOPATCH_* > auto)"]
-    assert trailing == []  # no warnings
+    assert trailing == untested_torch_warnings()  # no other warnings
     tuning = section(sections, "Runtime tuning")
     assert tuning["OMP_NUM_THREADS"] == "1  # set by you: kept"  # INFO_ENV sets it
 
@@ -116,6 +123,8 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     assert pytorch["torchvision"] == "imports fine"
     ipex_ok, ipex_reason = config.ipex_compatibility()
     assert pytorch["IPEX"] == ("compatible: " if ipex_ok else "not used: ") + ipex_reason
+    assert pytorch["tested torch versions"] == _versions.summary()
+    assert pytorch["this torch"] == _versions.torch_support().message
 
     decoding = sections["Image decoding"]
     assert decoding["libturbojpeg"] == (expected_libturbojpeg() or "not found")
@@ -159,6 +168,9 @@ def test_info_json_matches_ground_truth(info):
     found = re.fullmatch(r"(Intel|GNU|LLVM) OpenMP \((/.+)\)", t["openmp"])
     assert found, t["openmp"]
     assert os.path.exists(found.group(2))
+
+    assert info["torch_support"] == _versions.torch_support().as_dict()
+    assert info["torch_support"]["version"] == importlib.metadata.version("torch")
 
     ipex_ok, ipex_reason = config.ipex_compatibility()
     assert info["ipex"] == {"compatible": ipex_ok, "reason": ipex_reason}
@@ -342,6 +354,7 @@ def make_info(**overrides):
             "mkldnn_bf16_supported": False,
             "torchvision_importable": True,
         },
+        "torch_support": {"summary": "2.1 to 2.2: all", "message": "torch 2.13.0 is fine", "meaning": None},
         "ipex": {"compatible": False, "reason": "intel-extension-for-pytorch is not installed"},
         "libturbojpeg": {"library": None, "pyturbojpeg": None, "usable": False, "reason": "PyTurboJPEG is missing"},
         "opencv": {"importable": True, "version": "4.10.0", "num_threads": 3},
@@ -380,6 +393,8 @@ def test_format_table_on_a_hand_made_report():
         "oneDNN bf16 supported": "no",
         "torchvision": "imports fine",
         "IPEX": "not used: intel-extension-for-pytorch is not installed",
+        "tested torch versions": "2.1 to 2.2: all",
+        "this torch": "torch 2.13.0 is fine",
     }
     assert sections["Image decoding"] == {
         "libturbojpeg": "not found",
@@ -404,6 +419,8 @@ def test_format_table_torch_not_importable():
     assert sections["PyTorch"] == {
         "torch": "cannot import: OSError: libtorch_cpu.so: cannot open shared object file",
         "IPEX": "not used: intel-extension-for-pytorch 2.1.0 needs torch 2.1.*",
+        "tested torch versions": "2.1 to 2.2: all",
+        "this torch": "torch 2.13.0 is fine",
     }
     assert (
         sections["Image decoding"]["OpenCV"] == "cannot import: ImportError: libGL.so.1: cannot open shared object file"
@@ -470,3 +487,108 @@ def test_format_table_shows_the_runtime_plan_and_each_process():
     assert rows["process 1"] == "CPUs 1: OMP_NUM_THREADS=1"
     off = parse_table(_info.format_table(make_info(tuning=None)))[1]
     assert off["Runtime tuning"] == {"tuning": "off (--no-tune): the environment is left as it is"}
+
+
+# --- the tested torch versions (nanopatch/_versions.py) ------------------------------------------
+
+OUTSIDE = "is outside the tested range (2.8 to 2.15)"
+
+
+@pytest.mark.parametrize(
+    "torch_version, message",
+    [
+        ("2.13.0", "torch 2.13.0 is tested: the full suite (tox -e py)"),
+        ("2.13.0+cpu", "torch 2.13.0+cpu is tested: the full suite (tox -e py)"),
+        ("2.15.0", "torch 2.15.0 is tested: the full suite (tox -e newest)"),
+        ("2.8.0", "torch 2.8.0 is tested: the full suite with IPEX 2.8 (tox -e ipex)"),
+        ("2.12.0", "torch 2.12.0 is tested: the learning oracle, on 2.12.1 of the same minor (tox -e between)"),
+        ("2.10.0", "torch 2.10.0 is tested: the learning oracle (tox -e between)"),
+    ],
+)
+def test_info_on_a_tested_torch(machine, torch_version, message):
+    machine("xeon_spr_2s_ht.cpuinfo", torch=torch_version)
+    info = _info.collect()
+    support = info["torch_support"]
+    assert (support["version"], support["tested"], support["message"]) == (torch_version, True, message)
+    assert support["meaning"] is None
+    _, sections, trailing = parse_table(_info.format_table(info))
+    assert sections["PyTorch"]["this torch"] == message
+    assert sections["PyTorch"]["tested torch versions"] == (
+        "2.8 to 2.15: the full suite on 2.8 (+ IPEX 2.8), 2.13, 2.15; "
+        "the learning oracle on 2.9, 2.10, 2.11, 2.12, 2.14"
+    )
+    assert trailing == []
+
+
+@pytest.mark.parametrize("torch_version", ["2.16.0", "2.16.0.dev20261201+cpu", "2.7.1", "2.1.0"])
+def test_info_says_plainly_when_torch_is_outside_the_tested_range(machine, torch_version):
+    machine("xeon_spr_2s_ht.cpuinfo", torch=torch_version)
+    info = _info.collect()
+    support = info["torch_support"]
+    message = f"torch {torch_version} {OUTSIDE}"
+    assert (support["version"], support["tested"], support["message"]) == (torch_version, False, message)
+    assert support["meaning"] == _versions.UNTESTED_MEANING
+    assert "self-checks turn off" in support["meaning"] and "--verify" in support["meaning"]
+    assert [v["torch"] for v in support["versions"]] == [t.torch for t in _versions.TESTED]
+    assert json.loads(json.dumps(info))["torch_support"] == support  # --json prints it as it is
+    _, sections, trailing = parse_table(_info.format_table(info))
+    assert sections["PyTorch"]["this torch"] == message
+    assert trailing == [f"warning: {message}: {_versions.UNTESTED_MEANING}"]
+
+
+def test_info_on_a_minor_inside_the_range_that_is_not_tested(machine, monkeypatch):
+    monkeypatch.setattr(_versions, "TESTED", tuple(t for t in _versions.TESTED if t.torch != "2.11.0"))
+    machine("xeon_spr_2s_ht.cpuinfo", torch="2.11.0")
+    support = _info.collect()["torch_support"]
+    assert support["tested"] is False
+    inside = "inside the tested range, 2.8 to 2.15, but not tested itself"
+    assert support["message"] == f"torch 2.11.0 is not tested ({inside})"
+    assert support["summary"].endswith("the learning oracle on 2.9, 2.10, 2.12, 2.14")
+
+
+def test_info_without_torch_installed(machine):
+    machine("xeon_spr_2s_ht.cpuinfo", torch=None)
+    support = _versions.torch_support().as_dict()
+    assert (support["version"], support["tested"], support["meaning"]) == (None, False, None)
+    assert support["message"] == "torch is not installed"
+
+
+def tox_ini() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(REPO_ROOT / "tox.ini")
+    return parser
+
+
+def pins(deps: str) -> tuple[str, str] | None:
+    found = dict(re.findall(r"^\s*(torch|torchvision)==(\S+)\s*$", deps, re.MULTILINE))
+    return (found["torch"], found["torchvision"]) if found else None
+
+
+def test_the_tested_versions_are_what_tox_tests():
+    """nanopatch/_versions.py (what --info claims) and tox.ini (what runs) name the same pairs."""
+    tox = tox_ini()
+    env_list = [e.strip() for e in tox["tox"]["env_list"].split(",")]
+    claimed = {(t.torch, t.torchvision, t.tests, t.env) for t in _versions.TESTED}
+    run = set()
+    for name in env_list:
+        section = tox[f"testenv:{name}"] if name != "py" else tox["testenv"]
+        commands = section.get("commands", tox["testenv"]["commands"])
+        if re.fullmatch(r"pytest( -n \d+)? \{posargs\}", commands.strip()):  # the whole suite
+            pair = pins(section.get("deps", ""))
+            assert pair, f"tox env {name} runs the suite on an unpinned torch"
+            run.add((*pair, _versions.FULL, name))
+        elif "run_on_torch_versions.py" in commands:
+            assert "tests/test_learning.py" in commands
+            pairs = re.findall(r"\s(\d+\.\d+\.\d+)/(\d+\.\d+\.\d+)", commands)
+            run.update((torch, torchvision, _versions.LEARNING, name) for torch, torchvision in pairs)
+    assert run == claimed
+    assert [t.minor for t in _versions.TESTED] == sorted(t.minor for t in _versions.TESTED)
+
+
+def test_pyprojects_floor_is_the_oldest_tested_pair():
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    oldest = _versions.TESTED[0]
+    major_minor = ".".join(map(str, oldest.minor))
+    assert f'"torch>={major_minor}"' in pyproject
+    assert f'"torchvision>={".".join(oldest.torchvision.split(".")[:2])}"' in pyproject
+    assert f'"intel-extension-for-pytorch>={major_minor}"' in pyproject
