@@ -10,6 +10,7 @@ run where nanopatch did nothing cannot pass as "learns as stock". A probe inside
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 import re
 import warnings
@@ -71,10 +72,14 @@ def record(
     seed_everything(seed)
     scope = nanopatch.unpatched() if options is None else nanopatch.patched(**options)
     models: list[dict[str, Any]] = []
+    # A model IPEX optimized in bf16 stays in status() while it lives, after unpatch too: one an
+    # earlier test in this process left alive is not this run's
+    gc.collect()
+    earlier = _training_details()
 
     def snapshot(_: Recorder) -> None:  # while the models are alive (their plans go with them)
         if options is not None:
-            models[:] = _training_details()
+            models[:] = [plan for plan in _training_details() if plan not in earlier]
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NanopatchWarning)
