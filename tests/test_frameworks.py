@@ -32,7 +32,7 @@ import nanopatch
 from nanopatch import NanopatchWarning
 
 from conftest import REPO_ROOT, TESTS_DIR, child_env, run_python
-from data.fw_models import PickleNet, Sentences
+from data.fw_models import PickleNet, Sentences, sentences_bert
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -427,19 +427,9 @@ def test_lightning_ddp_over_the_processes_of_nproc(tmp_path):
 
 
 def hf_run(transformers, patched: bool, bf16: bool, output_dir: Path):
-    config = transformers.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
     with patched_or_stock(patched):
         torch.manual_seed(0)
-        model = transformers.BertForSequenceClassification(config)
+        model = sentences_bert(transformers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         query = Probe(model.bert.encoder.layer[0].attention.self.query)
         classifier = Probe(model.classifier)
         args = transformers.TrainingArguments(

@@ -25,6 +25,23 @@ class Sentences(Dataset):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.labels[i]}
 
 
+def sentences_bert(transformers, **config):
+    """A 2-layer BERT sequence classifier sized for :class:`Sentences` (100 tokens, sequences of
+    16), built from a config (``transformers`` passed in: this module imports plain torch only);
+    ``config`` adds to the config's arguments (its dropout, say)."""
+    return transformers.BertForSequenceClassification(
+        transformers.BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=100,
+            max_position_embeddings=32,
+            **config,
+        )
+    )
+
+
 class PickleNet(nn.Module):
     """A small conv net with a Sigmoid head, as a binary classifier trained with BCELoss."""
 

@@ -8,20 +8,12 @@ from __future__ import annotations
 import sys
 
 import transformers
-from fw_models import Sentences  # beside this script
+from fw_models import Sentences, sentences_bert  # beside this script
 
 
 def main() -> None:
     transformers.set_seed(0)
-    config = transformers.BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        max_position_embeddings=32,
-    )
-    model = transformers.BertForSequenceClassification(config)
+    model = sentences_bert(transformers)
     args = transformers.TrainingArguments(
         output_dir=sys.argv[1],
         max_steps=100,
