@@ -226,6 +226,8 @@ def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict) -> Any:
     wrapper's."""
     nano._fabric = fabric
     nano._running = True
+    if nano.num_processes > 1:
+        _own_copies(nano.__dict__, args, kwargs)
     try:
         with nano._accelerated():
             return type(nano)._user_train(nano, *args, **kwargs)
@@ -237,6 +239,47 @@ def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict) -> Any:
         nano._running = False
         if fabric is not None and nano.num_processes > 1:
             _end_group()
+
+
+def _own_copies(*roots: Any) -> None:
+    """Give this spawned process its own copy of the weights it was handed.
+
+    ``torch.multiprocessing`` pickles every tensor it sends to a spawned process into shared
+    memory: a model (or optimizer) built before the launch would have the same weights in
+    every process, and each process's optimizer step would apply to all of them (an update
+    per process and step, and processes that read each other's half-written weights).
+    Parameters and buffers of the modules and the state of the optimizers found in
+    ``roots`` (and in the lists, tuples and dicts inside them) are copied into this
+    process's memory, as Lightning's launcher does for modules; data tensors stay shared.
+    """
+    import torch
+
+    seen: set[int] = set()
+
+    def own(tensor: Any) -> Any:
+        return tensor.clone() if isinstance(tensor, torch.Tensor) and tensor.is_shared() else tensor
+
+    def walk(value: Any) -> None:
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            with torch.no_grad():
+                for tensor in (*value.parameters(), *value.buffers()):
+                    tensor.data = own(tensor.data)
+        elif isinstance(value, torch.optim.Optimizer):
+            for state in value.state.values():
+                for key, item in state.items():
+                    state[key] = own(item)
+        elif isinstance(value, dict):
+            for item in list(value.values()):
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    for root in roots:
+        walk(root)
 
 
 def _end_group() -> None:

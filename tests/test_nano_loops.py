@@ -103,6 +103,7 @@ def test_custom_loops_train_accelerated_on_n_processes(tmp_path, api, processes,
     for rank, report in ranks.items():
         assert set(report["dtypes"]) == {"torch.bfloat16" if NATIVE_BF16 else "torch.float32"}
         assert set(report["channels_last"]) == {True}
+        assert report["shared"] == []  # the weights are this process's own
         if processes == 2:
             assert report["affinity"] == sorted(runtime.process_cpus(cpu.host_facts(), 2)[rank])
             assert report["threads"] == 1
@@ -117,3 +118,31 @@ def test_custom_loops_train_accelerated_on_n_processes(tmp_path, api, processes,
                 assert torch.equal(value, ranks[1]["weights"][key]), key
     if api == "decorated":
         assert main["changed"] and main["equals_rank0"]  # the caller's model has the trained weights
+
+
+def test_a_spawned_process_trains_weights_of_its_own():
+    """torch.multiprocessing hands a spawned process the tensors it pickles in shared memory;
+    the model's weights and buffers and the optimizer's state get copies of the process's own
+    (else every process's step lands in every process's weights), with the same values and the
+    same Parameter objects; other tensors (data) stay shared."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    model.share_memory()
+    for state in optimizer.state.values():
+        state["momentum_buffer"].share_memory_()
+    data = torch.randn(4).share_memory_()
+    params = list(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    momenta = [state["momentum_buffer"].clone() for state in optimizer.state.values()]
+
+    nano = torch_nano._FunctionNano(lambda: None, num_processes=2)
+    torch_nano._own_copies(nano.__dict__, ([model], {"opt": optimizer}, data), {})
+
+    assert list(model.parameters()) == params
+    assert not any(t.is_shared() for t in (*model.parameters(), *model.buffers()))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not any(state["momentum_buffer"].is_shared() for state in optimizer.state.values())
+    assert all(torch.equal(s["momentum_buffer"], m) for s, m in zip(optimizer.state.values(), momenta, strict=True))
+    assert data.is_shared()

@@ -297,6 +297,8 @@ def test_use_ipex_with_two_processes(tmp_path, api):
         assert report["first_conv"].startswith("intel_extension_for_pytorch."), report["first_conv"]
         assert set(report["dtypes"]) == {"torch.bfloat16" if bf16 else "torch.float32"}
         assert set(report["channels_last"]) == {True}
+        if api != "trainer":
+            assert report["shared"] == []  # each process trains weights of its own
     for used in lrs:
         assert used == pytest.approx(expected)
     for key, value in ranks[0]["weights"].items():

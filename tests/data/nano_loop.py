@@ -68,6 +68,8 @@ def training_loop(model, optimizer, loader, backward, seen, epochs=2):
 def report(out, rank, model, seen):
     first = type(model[0])  # IPEX's own class once it optimized the model
     seen = dict(seen, first_conv=f"{first.__module__}.{first.__qualname__}")
+    # a tensor in shared memory is every process's: each one's steps would land in all of them
+    seen["shared"] = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_shared()]
     torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, f"rank{rank}.pt"))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(seen, rank=rank, pid=os.getpid()), f)
