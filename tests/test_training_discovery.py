@@ -387,3 +387,37 @@ def test_a_first_training_call_that_raises_raises_the_users_error_and_the_next_o
         [plan] = [p for p in nanopatch.status()["targets"]["training"]["details"] if p["model"] == "Flaky"]
         assert plan["computed_in"] == "bfloat16" and plan["training_calls"] >= 1
     assert len(module_mod._global_forward_hooks) == hooks_before
+
+
+def test_training_inside_an_except_block_is_observed_as_anywhere_else():
+    """An exception some outer frame handles (a retry after an error, say) is not the
+    forward's own: the calls are observed and the search's hooks go as soon as they are done."""
+    from torch.nn.modules import module as module_mod
+
+    class Plain(nn.Sequential):
+        pass
+
+    class Handled(nn.Sequential):
+        pass
+
+    def train(model, steps=3):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(torch.randn(2, 8)).float().sum().backward()
+            optimizer.step()
+        return len(module_mod._global_forward_hooks)
+
+    hooks_before = len(module_mod._global_forward_hooks)
+    with nanopatch.patched(bf16=True):
+        models = [Plain(nn.Linear(8, 8)), Handled(nn.Linear(8, 8))]  # alive while status() is read
+        hooks = {"Plain": train(models[0])}
+        try:
+            raise KeyError("handled by the script")
+        except KeyError:
+            hooks["Handled"] = train(models[1])
+        details = nanopatch.status()["targets"]["training"]["details"]
+        plans = {p["model"]: p for p in details if p["model"] in hooks}
+    assert hooks == {"Plain": hooks_before, "Handled": hooks_before}
+    assert plans["Handled"]["training_calls"] == plans["Plain"]["training_calls"] == 3
+    assert plans["Handled"]["computed_in"] == plans["Plain"]["computed_in"]

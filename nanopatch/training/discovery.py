@@ -482,6 +482,22 @@ def _convert_call_kwargs(rank: int) -> None:
         logger.debug("nanopatch could not convert this call's keyword inputs", exc_info=True)
 
 
+def _forward_raised() -> bool:
+    """Whether :func:`_discover_post` runs in torch's exception path: called by
+    ``Module._call_impl`` itself (the normal path calls hooks from its ``inner`` closure) while
+    an exception is handled. An exception some outer frame of the user's handles (a training
+    call inside an ``except`` block) is not this call's."""
+    try:
+        code = sys._getframe(2).f_code  # 0: here, 1: _discover_post, 2: its caller
+    except ValueError:
+        return False
+    return (
+        code.co_name == "_call_impl"
+        and code.co_filename == nn.modules.module.__file__
+        and sys.exc_info()[0] is not None
+    )
+
+
 def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     calls = tls("calls", [])
     if not calls or calls[-1][0] is not module:
@@ -490,7 +506,7 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     # When the forward raised, torch runs this hook while iterating its global hook dict itself
     # (its normal path iterates a copy): removing a hook now would replace the user's exception
     # with "OrderedDict mutated during iteration". The removals wait for the next safe point.
-    handling = sys.exc_info()[0] is not None
+    handling = _forward_raised()
     if handling:
         _later.append(lambda: probe.__exit__(None, None, None))
     else:
