@@ -9,7 +9,8 @@ A patched run learns as stock when
 * every parameter whose gradient is non-zero at some stock step has a non-zero gradient at some
   patched step (a cut graph under ``zero_grad(set_to_none=False)`` leaves zeros, not None; a
   single zero can be bf16 rounding, a 2-class head's bias summing to exactly 0 say);
-* every parameter stock updates is updated, and no other;
+* every parameter stock updates is updated, and no other (an update is a move larger than
+  fp32's rounding: some element changes by more than 4 units in its last place);
 * the loss follows stock's: within ``Tolerance.final`` over the last steps and within
   ``Tolerance.step`` over any few steps, or within stock's own step-to-step noise where that is
   larger, and finite wherever stock's is.
@@ -44,7 +45,7 @@ from torch import nn
 class Step:
     """One optimizer step: the loss backpropagated for it, the parameters that had a
     gradient when it ran (``grads``; ``zero``: those whose gradient was all zeros;
-    ``nonfinite``: inf or nan in it) and those it changed (``updated``)."""
+    ``nonfinite``: inf or nan in it) and those it changed by more than rounding (``updated``)."""
 
     optimizer: str
     loss: float | None
@@ -490,7 +491,7 @@ class Recorder:
                 if bad:
                     nonfinite.add(name)
                 old = before.get(name)
-                if old is not None and (old.shape != param.shape or not torch.equal(old, param.detach())):
+                if old is not None and _moved(old, param.detach()):
                     updated.add(name)
             losses, self._losses = self._losses, []
             loss = sum(losses) / len(losses) if losses else None
@@ -506,6 +507,22 @@ class Recorder:
             )
         if self._on_step is not None:
             self._on_step(self)
+
+
+#: a step "updates" a parameter when some element moves by more than this much of its own
+#: magnitude: 4 of fp32's units in the last place (an element at 0 counts for any move)
+ROUNDING = 2.0**-21
+
+
+def _moved(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether a step moved the parameter by more than fp32's rounding. An update below it is
+    rounding's to give or take (a weight of 1.0 whose gradient is 1e-6, behind a zero-initialised
+    residual branch's norm, moves by one unit in the last place or by none): a bf16 run may see
+    it where stock did not, or the other way round, with the same gradients."""
+    if old.shape != new.shape:
+        return True
+    old, new = old.float(), new.float()
+    return bool(((new - old).abs() > ROUNDING * old.abs()).any())
 
 
 def _live(kind: type) -> list[Any]:

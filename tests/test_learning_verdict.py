@@ -107,3 +107,27 @@ def test_the_recorder_records_a_plain_loop_and_labels_a_second_optimizer_of_a_cl
     assert recorder.steps[1].grads == {"weight", "bias"} and recorder.steps[1].optimizer == "Adam#2"
     assert set(recorder.named_parameters()) == {"weight", "bias", "[Adam#2] weight", "[Adam#2] bias"}
     assert all(s.updated == s.grads for s in recorder.steps)
+
+
+def test_an_update_is_a_move_larger_than_fp32_rounding():
+    """A weight of 1.0 whose update is a unit in its last place (a norm behind a zero-initialised
+    residual branch, say) is rounding's, not learning: a bf16 run may make it where stock did not.
+    A weight at 0 moved by anything, and a bf16 weight moved by one of its own units, are updates."""
+    one_ulp = torch.finfo(torch.float32).eps
+    cases = {
+        "norm_at_one": (torch.ones(4), torch.full((4,), one_ulp), False),
+        "norm_at_one_moved": (torch.ones(4), torch.tensor([0.0, 0.0, 0.0, 1e-5]), True),
+        "bias_at_zero": (torch.zeros(4), torch.full((4,), 1e-30), True),
+        "bf16_weight": (torch.ones(4, dtype=torch.bfloat16), torch.full((4,), 2.0**-7), True),
+        "untouched": (torch.randn(4), torch.zeros(4), False),
+    }
+    module = torch.nn.Module()
+    for name, (value, _, _) in cases.items():
+        module.register_parameter(name, torch.nn.Parameter(value.clone()))
+    optimizer = torch.optim.SGD(module.parameters(), lr=1.0)
+    with Recorder([module]) as recorder:
+        for name, (_, move, _) in cases.items():
+            getattr(module, name).grad = -move.to(getattr(module, name).dtype)
+        optimizer.step()
+    [step] = recorder.steps
+    assert step.updated == {name for name, (_, _, updated) in cases.items() if updated}
