@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
 from test_bench_run import run
 
 from conftest import REPO_ROOT
@@ -56,8 +55,7 @@ def test_every_training_figure_comes_from_a_run_that_learned_as_stock():
     """Every training speed-up the README quotes is of a variant whose first steps from the seed
     learned as stock's; one that did not is shown "does not learn" with no ratio."""
     results = named_report()
-    if results["schema"] < 2:
-        pytest.skip("the README's report predates the learning check (schema 1): re-measure it with bench/run.py")
+    assert results["schema"] >= 2, "the README's report predates the learning check: re-measure it with bench/run.py"
     for r in results["rows"]:
         if r["bench"] not in TRAINING_BENCHES or (r["rate"] is None and not r.get("learning")):
             continue  # not training, or did not run
