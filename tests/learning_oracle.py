@@ -72,14 +72,11 @@ def record(
     seed_everything(seed)
     scope = nanopatch.unpatched() if options is None else nanopatch.patched(**options)
     models: list[dict[str, Any]] = []
-    # A model IPEX optimized in bf16 stays in status() while it lives, after unpatch too: one an
-    # earlier test in this process left alive is not this run's
-    gc.collect()
-    earlier = _training_details()
+    earlier = plans_alive_now()
 
     def snapshot(_: Recorder) -> None:  # while the models are alive (their plans go with them)
         if options is not None:
-            models[:] = [plan for plan in _training_details() if plan not in earlier]
+            models[:] = [plan for plan in training_details() if plan not in earlier]
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NanopatchWarning)
@@ -89,8 +86,17 @@ def record(
     return recorder.steps, result, models, said
 
 
-def _training_details() -> list[dict[str, Any]]:
+def training_details() -> list[dict[str, Any]]:
+    """The plans of the models the training target lists in ``status()`` now."""
     return list(nanopatch.status()["targets"].get("training", {}).get("details", []))
+
+
+def plans_alive_now() -> list[dict[str, Any]]:
+    """The plans ``status()`` lists before a run starts, to leave out of the run's own: a model
+    IPEX optimized in bf16 stays in ``status()`` while it lives, after unpatch too, and one an
+    earlier test in this process left alive is not the run's."""
+    gc.collect()
+    return training_details()
 
 
 def accelerated(models: list[dict[str, Any]]) -> bool:

@@ -4,7 +4,6 @@ with them on (a transformer with dropout, and heads that saturate in bf16)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import warnings
@@ -12,6 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from learning_oracle import plans_alive_now, training_details
 from test_training_numerics import train_and_score
 from torch import nn
 
@@ -83,10 +83,6 @@ class Seq(nn.Module):
         return self.drop(self.linear(x))
 
 
-def training_details():
-    return nanopatch.status()["targets"].get("training", {}).get("details", [])
-
-
 def _one_step(model, x):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model.train()
@@ -103,8 +99,7 @@ def test_dropout_in_an_accelerated_training_forward_uses_the_fast_masks(monkeypa
     monkeypatch.setattr(dropout, "fill_bernoulli", lambda t, p, g=None: calls.append(t.numel()) or real(t, p, g))
     x = torch.randn(128, 64)  # masks of fewer than dropout.MIN_ELEMENTS run stock
     torch.manual_seed(0)
-    gc.collect()
-    earlier = training_details()  # a model IPEX optimized earlier in this process, if one is alive
+    earlier = plans_alive_now()
     with nanopatch.patched(bf16=False, ipex=False):
         model = Seq()
         out = _one_step(model, x)
