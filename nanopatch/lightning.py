@@ -3,8 +3,9 @@
 A subclass of Lightning's own ``Trainer`` that also takes BigDL-Nano's switches, with their
 meaning and defaults:
 
-* ``num_processes=1``: train on N processes of this machine with Lightning's DDP over gloo
-  (Lightning starts the other ranks by running the script again). Each process is pinned to
+* ``num_processes=1``: train on N processes of this machine with Lightning's DDP over gloo,
+  forked (:mod:`._processes`: the script's code runs once, without a main guard; where fork
+  is unsafe, Lightning runs the script again for each other rank). Each process is pinned to
   its share of the physical cores (the runner's split, or ``cpu_for_each_process``) with as
   many threads as it has cores.
 * ``cpu_for_each_process=None``: a list of N CPU lists, one per process.
@@ -33,7 +34,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import _patching, cpu, runtime
+from . import _patching, _processes, cpu, runtime
 from ._log import warn_once
 
 logger = logging.getLogger("nanopatch")
@@ -323,6 +324,8 @@ def _build(package: str) -> type:
             self.before_fit: tuple[set[int], int] | None = None  # set by the Trainer as a run starts
 
         def setup_environment(self) -> None:
+            if self._start_method == "fork":
+                _processes.end_with_parent()
             self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
             self._pinning.apply()
             super().setup_environment()
@@ -346,6 +349,10 @@ def _build(package: str) -> type:
             super().setup_optimizers(trainer)
 
         def teardown(self) -> None:
+            trainer = getattr(self.lightning_module, "_trainer", None)
+            if self._start_method == "fork" and isinstance(trainer, Trainer) and trainer.state.fn == "fit":
+                if trainer._engine is not None and trainer._engine["ipex"]:
+                    warn_if_ipex_unused("Trainer", trainer.ipex_applied)  # in the forked rank that trained
             super().teardown()
             if self._pinning is not None:
                 self._pinning.release()  # the script's own process gets its CPUs back
@@ -402,7 +409,10 @@ def _build(package: str) -> type:
                         f"num_processes={num_processes} trains on the CPU, not accelerator={accelerator!r}"
                     )
                 ipex_ok = use_ipex and _ipex_usable()
-                kwargs["strategy"] = PinnedDDPStrategy(groups, ipex_bf16=engine_bf16 if ipex_ok else None)
+                # forked (Lightning's ddp_fork), so the script's top-level code runs once; where
+                # fork is unsafe, Lightning's default: the script is run again for each other rank
+                start = {} if _processes.why_not_fork() else {"start_method": "fork"}
+                kwargs["strategy"] = PinnedDDPStrategy(groups, ipex_bf16=engine_bf16 if ipex_ok else None, **start)
                 kwargs["devices"] = num_processes
                 if auto_lr:
                     kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), WarmupCallback(num_processes)]
@@ -426,12 +436,17 @@ def _build(package: str) -> type:
 
                 # what the script's process goes back to (Lightning's launcher sets threads before we pin)
                 self.strategy.before_fit = (os.sched_getaffinity(0), torch.get_num_threads())
-            if self._engine is None:
+            forked = isinstance(self.strategy, PinnedDDPStrategy) and self.strategy._start_method == "fork"
+            with contextlib.ExitStack() as stack:
+                if forked:
+                    stack.enter_context(_processes.none_left_behind())
+                    stack.enter_context(_processes.forking())
+                if self._engine is None:
+                    yield
+                    return
+                stack.enter_context(_patching.patched(**self._engine))
                 yield
-                return
-            with _patching.patched(**self._engine):
-                yield
-                if self._engine["ipex"] and self.state.fn == "fit":
+                if self._engine["ipex"] and self.state.fn == "fit" and not forked:  # forked: each rank says it
                     warn_if_ipex_unused("Trainer", self.ipex_applied)
 
         @staticmethod

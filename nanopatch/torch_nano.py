@@ -5,15 +5,15 @@
 runs it. ``@nano(...)`` decorates a function that takes model, optimizer(s) and dataloader(s).
 
 Both run on Lightning Fabric (the maintained successor of the LightningLite that BigDL-Nano's
-TorchNano was built on) when Lightning is installed: ``num_processes=N`` starts N processes
-(spawned: the script needs its ``if __name__ == "__main__"`` guard, and what ``train`` gets
-must pickle), each pinned to its share of the physical cores, with Fabric's DDP over gloo,
-sharded loaders and averaged gradients; the return value is rank 0's. ``precision='bf16'`` is
-Fabric's bf16 autocast; ``channels_last`` and ``use_ipex`` (and bf16 with IPEX) are
-nanopatch's training engine, on while ``train`` runs. Without Lightning, the same runs on
-nanopatch's own engine: N spawned pinned processes in a gloo group, its data-parallel patch
-(DDP at the model's first training call, averaged gradients, the LR warm-up), and ``setup``
-sharding the loaders it is given.
+TorchNano was built on) when Lightning is installed: ``num_processes=N`` starts N processes,
+each pinned to its share of the physical cores, with Fabric's DDP over gloo, sharded loaders
+and averaged gradients; the return value is rank 0's. The processes are forked
+(:mod:`._processes`): called at a script's top level, without a main guard, with closures and
+lambdas in reach, the script's code runs once. ``precision='bf16'`` is Fabric's bf16 autocast;
+``channels_last`` and ``use_ipex`` (and bf16 with IPEX) are nanopatch's training engine, on
+while ``train`` runs. Without Lightning, the same runs on nanopatch's own engine: N pinned
+processes in a gloo group, its data-parallel patch (DDP at the model's first training call,
+averaged gradients, the LR warm-up), and ``setup`` sharding the loaders it is given.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ import logging
 import os
 import pickle
 import socket
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import _patching
+from . import _patching, _processes
 from ._log import log_once
 from .lightning import (
     LrWarmup,
@@ -168,11 +169,22 @@ class TorchNano:
         raise NotImplementedError("subclass TorchNano and write train(self, ...)")
 
     def _launch(self, args: tuple, kwargs: dict) -> Any:
-        if fabric_available():
-            return _make_fabric(self).launch(_run, self, args, kwargs)
         if self.num_processes == 1:
+            if fabric_available():
+                return _make_fabric(self).launch(_run, self, args, kwargs)
             return _run(None, self, args, kwargs)
-        return _spawn(self, args, kwargs)
+        # rank 0's result comes back through a file: through a pipe, a result larger than the
+        # pipe's buffer would block rank 0 until the caller reads, and the caller reads once all ended
+        with tempfile.TemporaryDirectory(prefix="nanopatch-") as folder:
+            result = os.path.join(folder, "rank0.pickle")
+            method = _processes.fork_or_spawn(type(self).__name__)
+            with _processes.none_left_behind(), _processes.forking():
+                if fabric_available():
+                    _make_fabric(self, method).launch(_run, self, args, kwargs, result)
+                else:
+                    _spawn(self, method, args, kwargs, result)
+            with open(result, "rb") as f:
+                return pickle.load(f)
 
     @contextlib.contextmanager
     def _accelerated(self) -> Iterator[None]:
@@ -207,44 +219,52 @@ def _launching(user: Callable[..., Any]) -> Callable[..., Any]:
     return train
 
 
-def _make_fabric(nano: TorchNano) -> Any:
+def _make_fabric(nano: TorchNano, start_method: str = "fork") -> Any:
     from lightning.fabric import Fabric
 
     if nano.num_processes > 1:
         from ._fabric import PinnedFabricDDP
 
-        strategy = PinnedFabricDDP(nano._groups or [])
+        strategy = PinnedFabricDDP(nano._groups or [], start_method)
         return Fabric(
             accelerator="cpu", devices=nano.num_processes, strategy=strategy, precision=nano._fabric_precision
         )
     return Fabric(accelerator="cpu", devices=1, precision=nano._fabric_precision)
 
 
-def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict) -> Any:
+def _run(fabric: Any, nano: TorchNano, args: tuple, kwargs: dict, result_file: str | None = None) -> Any:
     """In each process (``fabric`` None without Lightning): ``train`` with the engine on. The
     user's ``train`` is looked up on the class here, not pickled: its name is the launching
-    wrapper's."""
+    wrapper's. With ``result_file``, rank 0 writes its result there and every rank returns None."""
     nano._fabric = fabric
     nano._running = True
     if nano.num_processes > 1:
         _own_copies(nano.__dict__, args, kwargs)
     try:
         with nano._accelerated():
-            return type(nano)._user_train(nano, *args, **kwargs)
+            result = type(nano)._user_train(nano, *args, **kwargs)
+        if result_file is not None and nano.global_rank == 0:
+            with open(result_file + ".part", "wb") as f:
+                pickle.dump(result, f)
+            os.replace(result_file + ".part", result_file)
+        if fabric is not None and nano.num_processes > 1:
+            # not after a failure: the other ranks may be inside a collective, never at the
+            # barrier; the launcher ends them
+            _end_group()
+        return None if result_file is not None else result
     finally:
         for warmup in nano._warmups:
             warmup.detach()
         nano._warmups.clear()
         nano._fabric = None
         nano._running = False
-        if fabric is not None and nano.num_processes > 1:
-            _end_group()
 
 
 def _own_copies(*roots: Any) -> None:
     """Give this spawned process its own copy of the weights it was handed.
 
-    ``torch.multiprocessing`` pickles every tensor it sends to a spawned process into shared
+    Forked processes have their own copy already; ``torch.multiprocessing`` pickles every
+    tensor it sends to a spawned process into shared
     memory: a model (or optimizer) built before the launch would have the same weights in
     every process, and each process's optimizer step would apply to all of them (an update
     per process and step, and processes that read each other's half-written weights).
@@ -294,27 +314,26 @@ def _end_group() -> None:
         dist.destroy_process_group()
 
 
-def _spawn(nano: TorchNano, args: tuple, kwargs: dict) -> Any:
-    """Without Lightning: N spawned processes on nanopatch's own data-parallel engine (a gloo
-    process group, DDP at the model's first training call, sharded loaders, averaged
-    gradients, the LR warm-up); rank 0's return value."""
+def _spawn(nano: TorchNano, start_method: str, args: tuple, kwargs: dict, result_file: str) -> None:
+    """Without Lightning: N processes on nanopatch's own data-parallel engine (a gloo process
+    group, DDP at the model's first training call, sharded loaders, averaged gradients, the LR
+    warm-up); rank 0 writes its result to ``result_file``. A worker's exception reaches the
+    caller with the worker's traceback (torch's ``ProcessRaisedException``)."""
     import torch.multiprocessing as mp
 
-    context = mp.get_context("spawn")
-    results = context.SimpleQueue()
     mp.start_processes(
         _spawned_rank,
-        args=(nano, args, kwargs, _free_port(), results),
+        args=(nano, args, kwargs, _free_port(), result_file),
         nprocs=nano.num_processes,
-        start_method="spawn",
+        start_method=start_method,
     )
-    return pickle.loads(results.get())
 
 
-def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: int, results: Any) -> None:
+def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: int, result_file: str) -> None:
     from .lightning import _Pinning
     from .parallel import patch as distributed
 
+    _processes.end_with_parent()
     world = str(nano.num_processes)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -327,12 +346,8 @@ def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: i
     if nano._groups:
         _Pinning(nano._groups[rank % len(nano._groups)]).apply()
     distributed.start()
-    try:
-        result = _run(None, nano, args, kwargs)
-        if rank == 0:
-            results.put(pickle.dumps(result))  # by value: the process ends before the caller reads it
-    finally:
-        distributed.finish()
+    _run(None, nano, args, kwargs, result_file)
+    distributed.finish()  # not after a failure: the other ranks may be inside a collective, never at its barrier
 
 
 def _free_port() -> int:

@@ -7,6 +7,7 @@ Lightning starts the second rank by running the script again."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 
@@ -197,7 +198,6 @@ def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
     for rank, report in reports.items():
         assert_accelerated(report)
         assert report["affinity"] == sorted(groups[rank]) and report["threads"] == 1
-        assert report["after_fit"]["affinity"] == allowed  # the process gets its CPUs back after fit
     # every parameter identical on both ranks (BatchNorm's running statistics are each rank's own,
     # as in any DDP run)
     params = [k for k in reports[0]["weights"] if "running_" not in k and "num_batches" not in k]
@@ -211,6 +211,10 @@ def test_two_pinned_processes_train_one_model(tmp_path, auto_lr):
     assert_loads_into_a_stock_model(checkpoint, reports[0]["weights"])
     # validate after fit runs on both ranks again, and agrees (sync_dist)
     assert reports[0]["val_loss"] == pytest.approx(reports[1]["val_loss"])
+    # the script's own process: its CPUs and threads as before, rank 0's weights and validation loss
+    main = json.loads((out / "main.json").read_text())
+    assert main["affinity"] == allowed and main["weights_equal_rank0"]
+    assert main["val_loss"] == pytest.approx(reports[0]["val_loss"])
 
 
 # --- Trainer.compile -------------------------------------------------------------------------------

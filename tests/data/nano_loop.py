@@ -1,7 +1,7 @@
 """BigDL-Nano custom loops: a TorchNano subclass, and a function decorated with @nano.
 
     python nano_loop.py OUT (torchnano|decorated) [--num-processes N] [--precision bf16] [--channels-last]
-        [--use-ipex] [--no-fabric]
+        [--use-ipex] [--no-fabric] [--spawn]
 
 Each process that trains writes OUT/rank<N>.json: what the first convolution saw (dtype,
 channels-last input), its affinity and threads, the learning rates the steps used and its
@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
+import nanopatch._processes
+import nanopatch.torch_nano
 
 
 def make_model():
@@ -100,12 +102,15 @@ def parse(argv=None):
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--use-ipex", action="store_true")
     parser.add_argument("--no-fabric", action="store_true", help="as if Lightning were not installed")
+    parser.add_argument("--spawn", action="store_true", help="as if this process could not fork")
     return parser.parse_args(argv)
 
 
 ARGS = parse()  # at import: spawned processes import this file again, with the same sys.argv
 if ARGS.no_fabric:
     nanopatch.torch_nano.fabric_available = lambda: False
+if ARGS.spawn:
+    nanopatch._processes.why_not_fork = lambda: "as a test asks"
 SWITCHES = {
     "num_processes": ARGS.num_processes,
     "precision": ARGS.precision,

@@ -4,8 +4,10 @@
     python nano_trainer.py OUT [--num-processes N] [--precision bf16] [--channels-last] [--no-auto-lr] [--use-ipex]
 
 Each rank writes OUT/rank<N>.json: what the first convolution saw (dtype, channels-last input),
-its CPU affinity and threads during training, the learning rate each optimizer step used, and
-its final weights (OUT/rank<N>.pt). Rank 0 also saves a checkpoint into OUT/ckpt."""
+its CPU affinity and threads during training, the learning rate each optimizer step used, the
+validation loss after fit, and its final weights (OUT/rank<N>.pt). Rank 0 also saves a
+checkpoint into OUT/ckpt. The script's own process writes OUT/main.json after fit and validate:
+its CPUs and threads, the validation loss it got back, whether its model holds rank 0's weights."""
 
 import argparse
 import json
@@ -47,6 +49,24 @@ class Classifier(L.LightningModule):
         self.log("val_loss", loss, sync_dist=True)
         return loss
 
+    def on_train_end(self):
+        # in the rank that trained (forked: the script's own process never trains)
+        rank = self.global_rank
+        torch.save(self.model.state_dict(), os.path.join(self.out, f"rank{rank}.pt"))
+        first_conv = type(self.model.conv1)  # IPEX's own class once it optimized the model
+        report = dict(self.seen, rank=rank, world=self.trainer.world_size, pid=os.getpid())
+        report["first_conv"] = f"{first_conv.__module__}.{first_conv.__qualname__}"
+        with open(os.path.join(self.out, f"rank{rank}.json"), "w") as f:
+            json.dump(report, f)
+
+    def on_validation_end(self):
+        path = os.path.join(self.out, f"rank{self.global_rank}.json")
+        with open(path) as f:
+            report = json.load(f)
+        report["val_loss"] = self.trainer.callback_metrics["val_loss"].item()
+        with open(path, "w") as f:
+            json.dump(report, f)
+
     def on_before_optimizer_step(self, optimizer):
         self.seen["lrs"].append(optimizer.param_groups[0]["lr"])
 
@@ -67,6 +87,7 @@ def main():
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8 * args.batches, 3, 32, 32), torch.randint(0, 4, (8 * args.batches,)))
     module = Classifier(probe_after_conv=args.use_ipex)
+    module.out = args.out
     trainer = Trainer(
         num_processes=args.num_processes,
         precision=args.precision,
@@ -82,14 +103,19 @@ def main():
     )
     trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True))
     validated = trainer.validate(module, DataLoader(data, batch_size=8), verbose=False)  # after fit, as users do
-    rank = trainer.global_rank
-    torch.save(module.model.state_dict(), os.path.join(args.out, f"rank{rank}.pt"))
-    first_conv = type(module.model.conv1)  # IPEX's own class once it optimized the model
-    report = dict(module.seen, rank=rank, world=trainer.world_size, pid=os.getpid(), val_loss=validated[0]["val_loss"])
-    report["first_conv"] = f"{first_conv.__module__}.{first_conv.__qualname__}"
-    report["after_fit"] = {"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
+    # the script's own process, after fit: its CPUs and threads, and what validate returned to it
+    main = {"affinity": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}
+    main["val_loss"] = validated[0]["val_loss"]
+    main["weights_equal_rank0"] = all(
+        torch.equal(v, w)
+        for v, w in zip(
+            module.model.state_dict().values(),
+            torch.load(os.path.join(args.out, "rank0.pt")).values(),
+            strict=True,
+        )
+    )
+    with open(os.path.join(args.out, "main.json"), "w") as f:
+        json.dump(main, f)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""How TorchNano, ``@nano`` and the Trainer start their training processes from a running script.
+
+They fork where this process's OpenMP can be made safe for it: a forked process inherits the
+script as it stands (its closures, lambdas and locally defined classes, its data), so the
+script needs no main guard and its top-level code runs once. Where fork is not available or
+not safe, they spawn, which re-imports the script (it then needs its main guard). Either way
+no process is left behind: a failure, Ctrl-C or the caller's death ends them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+
+from ._log import log_once, warn_once
+
+logger = logging.getLogger("nanopatch")
+
+_OMP_PAUSE_SOFT = 1  # omp_pause_resource_t's omp_pause_soft (OpenMP 5.0)
+_PR_SET_PDEATHSIG = 1
+
+
+def _loaded_libgomp() -> list[str]:
+    """Paths of the GNU OpenMP runtimes loaded into this process (torch's bundled one, or the system's)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line and "/" in line}
+    except OSError:
+        return []
+    return sorted(paths)
+
+
+def release_openmp() -> str | None:
+    """Shut down this process's GNU OpenMP thread pools, so that a process forked next starts
+    pools of its own; ``None`` when done, else why it could not be.
+
+    GNU libgomp has no fork handler: a child forked after its parent ran a parallel region
+    hangs in its own first parallel region with more than one thread. OpenMP 5's
+    ``omp_pause_resource_all`` frees the pool; the next parallel region (in the parent too)
+    starts a new one. Intel's OpenMP runtime handles fork itself."""
+    for path in _loaded_libgomp():
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            return f"{os.path.basename(path)} has no omp_pause_resource_all"
+        pause.argtypes = [ctypes.c_int]
+        pause.restype = ctypes.c_int
+        if pause(_OMP_PAUSE_SOFT) != 0:
+            return f"{os.path.basename(path)} refused to pause its threads"
+    return None
+
+
+def why_not_fork() -> str | None:
+    """``None`` when this process can fork training processes safely, else why not."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return "this platform cannot fork"
+    for path in _loaded_libgomp():
+        try:
+            ctypes.CDLL(path).omp_pause_resource_all  # noqa: B018
+        except (OSError, AttributeError):
+            return f"{os.path.basename(path)} has no omp_pause_resource_all"
+    return None
+
+
+def fork_or_spawn(who: str) -> str:
+    """The start method for ``who``'s processes: "fork" when :func:`why_not_fork` finds no
+    reason against it (start them inside :func:`forking`), else "spawn" (logged once, with why)."""
+    why = why_not_fork()
+    if why is None:
+        return "fork"
+    warn_once(
+        "processes-spawned",
+        f"{who}: processes are spawned, not forked ({why}): the script needs its "
+        '`if __name__ == "__main__":` guard, and what it hands the processes must pickle',
+    )
+    return "spawn"
+
+
+_launches = 0  # how many launches of training processes are under way in this process
+_hooked = False
+
+
+def _before_fork() -> None:
+    if _launches:
+        why = release_openmp()
+        if why is not None:
+            log_once("omp-not-released", "a forked training process may hang in OpenMP: %s", why)
+
+
+def _in_child() -> None:
+    global _launches
+    _launches = 0  # a training process's own forks (DataLoader workers) are not launches
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    """Training processes forked inside this block fork with OpenMP's threads released just
+    before (:func:`release_openmp`), whoever forks them (torch's or Lightning's launcher)."""
+    global _launches, _hooked
+    if not _hooked:
+        _hooked = True
+        os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+    _launches += 1
+    try:
+        yield
+    finally:
+        _launches -= 1
+
+
+def end_with_parent() -> None:
+    """In a started process: end when the process that started it dies, however it dies
+    (Linux; elsewhere a no-op). SIGKILL, not SIGTERM: nobody is left to take the result, and
+    Lightning's Trainer catches SIGTERM to stop only after the step it is in."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before prctl: nobody is waiting for us
+            os._exit(1)
+
+
+@contextlib.contextmanager
+def none_left_behind(grace: float = 5.0) -> Iterator[None]:
+    """Whatever ends the block early (a worker's failure, Ctrl-C), the processes started in it
+    are ended too: SIGTERM, then SIGKILL after ``grace`` seconds, and each one reaped."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    try:
+        yield
+    except BaseException:
+        started = [p for p in multiprocessing.active_children() if p.pid not in before]
+        for process in started:
+            with contextlib.suppress(Exception):
+                process.terminate()
+        for process in started:
+            process.join(grace)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if started:
+            logger.info("ended %d training process(es) left running", len(started))
+        raise
