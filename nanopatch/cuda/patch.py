@@ -20,10 +20,13 @@ Off by default; ``python -m nanopatch --cuda-to-cpu``, ``patch_torch(cuda_to_cpu
   the step through unscaled (bf16 needs no loss scaling) and keeps its API: ``state_dict()``
   has the layout a GPU run saves (the scale it was configured with, never changed here).
 * **Queries.** ``torch.cuda.is_available()`` is True and ``device_count()`` the number of local
-  ranks (1 outside ``--nproc``), so a script takes the GPU path its author wrote, which now runs
-  here; memory queries answer the process's resident memory (peak: its high-water mark).
+  ranks (1 outside ``--nproc``) for the script and the libraries it calls, so a script takes the
+  GPU path its author wrote, which now runs here; torch's own code (its optimizers' graph-capture
+  checks, the DataLoader's pinning, ``fork_rng``, ``DataParallel``) keeps the machine's answer,
+  so torch never starts down a path that needs a driver. Memory queries answer the process's
+  resident memory (peak: its high-water mark).
 * **Distributed.** ``backend="nccl"`` becomes gloo; ``DistributedDataParallel(device_ids=...)``
-  and ``DataParallel`` wrap the CPU model without device lists.
+  wraps the CPU model without device lists.
 * **No CPU meaning.** CUDA graphs, stream priorities and custom CUDA kernels raise
   :class:`~.standins.NoCpuEquivalent`, naming the call. Plain streams, ``torch.cuda.stream(s)``
   and events are harmless stand-ins (one stream, in program order; events time on the clock).
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -289,13 +293,34 @@ def _scaler_setter(key: str) -> Callable[..., Any]:
 # --- torch.cuda's functions -------------------------------------------------------------
 
 
+def _torch_asks(depth: int = 2) -> bool:
+    """Whether the caller of the function calling this is torch itself (a module of the torch
+    package): torch's own branches on CUDA lead to CUDA kernels, streams and drivers, and must
+    keep seeing the machine as it is."""
+    try:
+        name = sys._getframe(depth).f_globals.get("__name__") or ""
+    except ValueError:  # pragma: no cover - no such frame
+        return False
+    return name == "torch" or name.startswith("torch.")
+
+
+def _stock_cuda(name: str) -> Any:
+    return _patching.original(TARGET, torch.cuda, name)
+
+
 def is_available() -> bool:
-    """True under ``--cuda-to-cpu``: every CUDA form a script's GPU path uses runs here."""
+    """True for the script (and the libraries it calls), so that it takes the GPU path its
+    author wrote, every form of which runs here; torch's own code gets the machine's answer."""
+    if _torch_asks():
+        return _stock_cuda("is_available")()
     return True
 
 
 def device_count() -> int:
-    """The local ranks of a ``--nproc`` run (each takes "its" device), else 1."""
+    """The local ranks of a ``--nproc`` run (each takes "its" device), else 1; torch's own code
+    gets the machine's answer."""
+    if _torch_asks():
+        return _stock_cuda("device_count")()
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     except ValueError:
@@ -416,8 +441,8 @@ def _cuda_replacements() -> dict[str, Any]:
 def _named(name: str, function: Any) -> Any:
     """A function of its own for ``torch.cuda.<name>`` (torch.compile's rules map each torch
     object to one name: two names must never share a function)."""
-    if isinstance(function, type):
-        return function
+    if isinstance(function, type) or getattr(function, "__module__", None) == __name__:
+        return function  # a class, or one of this module's own (each stands in for one name)
 
     def standin(*args: Any, **kwargs: Any) -> Any:
         return function(*args, **kwargs)
@@ -486,17 +511,6 @@ def _ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         elif _names_cuda(kwargs.get(name)):
             kwargs[name] = None
     return wrapped(*args, **kwargs)
-
-
-def _data_parallel_init(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0):
-    """``nn.DataParallel`` on the CPU: one replica, the module itself (its forward then calls
-    the module directly, as stock does without devices)."""
-    torch.nn.Module.__init__(self)
-    self.module = module
-    self.device_ids = []
-    self.output_device = None
-    self.dim = dim
-    self.src_device_obj = CPU
 
 
 # --- custom CUDA kernels ------------------------------------------------------------------
@@ -608,7 +622,6 @@ def _distributed() -> None:
     from torch.nn import parallel
 
     _patching.wrap(parallel.DistributedDataParallel, "__init__", _ddp_init)
-    _patching.replace(parallel.DataParallel, "__init__", _data_parallel_init)
     if not torch.distributed.is_available():
         return
     from torch.distributed import distributed_c10d
