@@ -387,7 +387,6 @@ _NO_CPU_CALLS = {
     "graph": "run the captured code directly",
     "make_graphed_callables": "call the callables directly",
     "graph_pool_handle": "",
-    "get_stream_priority_range": "a CPU runs one stream in program order",
 }
 
 

@@ -39,7 +39,7 @@ with tempfile.TemporaryDirectory() as folder:
         resumed.load_state_dict(checkpoint["optimizer"])
         resumed_scaler = torch.cuda.amp.GradScaler()
         resumed_scaler.load_state_dict(checkpoint["scaler"])
-        for a, b in zip(model.parameters(), restored.parameters()):
+        for a, b in zip(model.parameters(), restored.parameters(), strict=True):
             assert torch.equal(a, b), "restored weights differ"
         assert resumed_scaler.state_dict() == scaler.state_dict()
     print("checkpoint round trip ok:", type(where).__name__, next(restored.parameters()).device)

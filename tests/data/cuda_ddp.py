@@ -48,6 +48,9 @@ for epoch in range(2):
     if dist.get_rank() == 0:
         print(f"epoch {epoch} loss {loss.item():.4f}")
 
-torch.save({k: v.detach().cpu() for k, v in model.module.state_dict().items()}, os.path.join(args.out, f"rank{dist.get_rank()}.pt"))
+torch.save(
+    {k: v.detach().cpu() for k, v in model.module.state_dict().items()},
+    os.path.join(args.out, f"rank{dist.get_rank()}.pt"),
+)
 dist.barrier(device_ids=[local_rank])
 dist.destroy_process_group()
