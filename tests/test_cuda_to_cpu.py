@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import runpy
 import sys
 import warnings
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from learning_oracle import accelerated, record
+from learning_oracle import ALWAYS_ALLOWED, accelerated, record
 
 import nanopatch
 from nanopatch import _patching, cpu
@@ -145,7 +146,7 @@ def test_it_learns_as_the_hand_edited_cpu_script_and_gets_the_cpu_acceleration(m
     computed: list[torch.dtype] = []
 
     def probe(module, inputs, output):
-        if isinstance(module, torch.nn.Conv2d):
+        if "Conv" in type(module).__name__ and isinstance(output, torch.Tensor):  # IPEX's own conv class too
             computed.append(output.dtype)
 
     handle = torch.nn.modules.module.register_module_forward_hook(probe)
@@ -168,7 +169,7 @@ def test_it_learns_as_the_hand_edited_cpu_script_and_gets_the_cpu_acceleration(m
     assert any(m.get("channels_last") for m in models), models
     if NATIVE_BF16:
         assert computed and set(computed) == {torch.bfloat16}
-    assert not said
+    assert not [text for text in said if not any(re.search(allowed, text) for allowed in ALWAYS_ALLOWED)]
 
 
 # --- the patch contract ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ DEVICE = os.environ.get("CUDA_SCRIPT_DEVICE", "cuda")
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)  # a BatchNorm follows
         self.bn1 = nn.BatchNorm2d(8)
         self.conv2 = nn.Conv2d(8, 16, 3, padding=1, stride=2)
         self.head = nn.Linear(16, 4)
