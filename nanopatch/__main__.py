@@ -214,6 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
+    if opts.verify is not None or opts.compare:
+        try:
+            cuda_to_cpu = config.resolve(options).cuda_to_cpu  # the stock run needs the redirect too
+        except ValueError as exc:  # a bad NANOPATCH_* value
+            parser.error(str(exc))
     if opts.verify is not None:
         if opts.compare or launch.wants_launch(opts):
             parser.error(
@@ -221,11 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         from .verify import verify
 
-        return verify(own, target_argv, opts.verify)
+        return verify(own, target_argv, opts.verify, cuda_to_cpu=cuda_to_cpu)
     if opts.compare:
         from .compare import compare
 
-        return compare([word for word in own if word != "--compare"], target_argv)
+        return compare([word for word in own if word != "--compare"], target_argv, cuda_to_cpu=cuda_to_cpu)
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.
     launching = launch.wants_launch(opts)

@@ -512,8 +512,10 @@ def _undo_targets(names: Iterable[str]) -> None:
 
 def patch_torch(**options: Any) -> None:
     """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
-    bf16_eval, channels_last, ipex, compile, fast_decode, data_parallel, auto_lr. Calling it again with the same options
-    does nothing; with different options the patches are re-applied with the new ones."""
+    bf16_eval, channels_last, ipex, compile, fast_decode, data_parallel, auto_lr, fast_dropout,
+    malloc_reuse, cuda_to_cpu (off by default: run a script written for a CUDA GPU on the CPU).
+    Calling it again with the same options does nothing; with different options the patches
+    are re-applied with the new ones."""
     config = _config.resolve(options)
     with _lock:
         _activate(config)
@@ -657,6 +659,13 @@ def status() -> dict[str, Any]:
 
 # --- the built-in targets -------------------------------------------------------------
 
+# first: a GPU script's tensors and models are on the CPU before any other target sees them
+register(Target(name="cuda_to_cpu", option="cuda_to_cpu", module="torch", patcher="nanopatch.cuda.patch"))
+register(
+    Target(
+        name="cuda_extensions", option="cuda_to_cpu", module="torch.utils.cpp_extension", patcher="nanopatch.cuda.patch"
+    )
+)
 register(Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.vision.patch"))
 register(Target(name="training", option="training", module="torch", patcher="nanopatch.training.patch"))
 register(Target(name="distributed", option="data_parallel", module="torch", patcher="nanopatch.parallel.patch"))

@@ -4,7 +4,9 @@ compare.
 Both runs get the same arguments, the same environment (no ``NANOPATCH_*`` in the stock
 one) and ``PYTHONHASHSEED=0``; a script that seeds its RNGs sees the same random numbers in
 both. The stock run is plain ``python script.py args``, and the patched run is ``python -m
-nanopatch [your runner options] script.py args``. Their output is shown as it comes, each
+nanopatch [your runner options] script.py args``; with ``--cuda-to-cpu`` the stock run is the
+CUDA redirect alone (``python -m nanopatch._cuda_stock script.py args``), since a GPU script
+cannot run here without it. Their output is shown as it comes, each
 line prefixed with the run's name. Afterwards a table gives each run's wall time and exit
 code. It also gives the last images/s, loss and accuracy the script printed, recognised by
 their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``), the
@@ -152,13 +154,22 @@ def _ratio(numerator: float, denominator: float) -> str:
     return f"{numerator / denominator:.2f}x"
 
 
-def compare(runner_options: Sequence[str], target: Sequence[str], out=None) -> int:
+def stock_prefix(cuda_to_cpu: bool) -> list[str]:
+    """What the stock run starts with: plain ``python``; with ``--cuda-to-cpu``, the CUDA
+    redirect alone (:mod:`nanopatch._cuda_stock`: a GPU script cannot run here without it)."""
+    return ["-m", "nanopatch._cuda_stock"] if cuda_to_cpu else []
+
+
+def compare(runner_options: Sequence[str], target: Sequence[str], out=None, cuda_to_cpu: bool = False) -> int:
     """Run ``target`` (``script.py args`` or ``-m module args``) stock, then with the runner and
-    ``runner_options``; print the table; return the first failing run's exit code, else 0."""
+    ``runner_options``; print the table; return the first failing run's exit code, else 0.
+    ``cuda_to_cpu``: the stock run is the CUDA redirect alone."""
     out = sys.stdout if out is None else out
-    stock = Run("stock", [sys.executable, *target])
+    stock = Run("stock", [sys.executable, *stock_prefix(cuda_to_cpu), *target])
     patched = Run("nanopatch", [sys.executable, "-m", "nanopatch", *runner_options, *target])
     env = stock_environ()
+    if cuda_to_cpu:  # so that -m nanopatch._cuda_stock finds this nanopatch
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
     patched_env = dict(env)
     patched_env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="nanopatch-compare-") as folder:

@@ -39,6 +39,7 @@ OPTIONS: dict[str, str] = {
     "auto_lr": "bool",
     "fast_dropout": "bool",
     "malloc_reuse": "bool",
+    "cuda_to_cpu": "bool",
 }
 
 _DEFAULTS: dict[str, Any] = {
@@ -51,6 +52,7 @@ _DEFAULTS: dict[str, Any] = {
     "auto_lr": True,
     "fast_dropout": True,
     "malloc_reuse": True,
+    "cuda_to_cpu": False,
 }
 
 
@@ -114,6 +116,7 @@ class Config:
     auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel
     fast_dropout: bool  # dropout masks in an accelerated training forward from a faster generator
     malloc_reuse: bool  # glibc malloc keeps freed memory for reuse (no other allocator loaded)
+    cuda_to_cpu: bool  # a script written for a CUDA GPU runs on the CPU (its CUDA calls redirected)
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 

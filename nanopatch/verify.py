@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import REPORT_VARIABLE, Run, _package_parent, accelerated, execute, stock_environ
+from .compare import REPORT_VARIABLE, Run, _package_parent, accelerated, execute, stock_environ, stock_prefix
 
 DEFAULT_STEPS = 20
 SEED = 0
@@ -82,21 +82,24 @@ def _environments(report: str) -> tuple[dict[str, str], dict[str, str]]:
     return stock, patched
 
 
-def verify(runner_words: Sequence[str], target: Sequence[str], steps: int = DEFAULT_STEPS, out=None) -> int:
+def verify(
+    runner_words: Sequence[str], target: Sequence[str], steps: int = DEFAULT_STEPS, out=None, cuda_to_cpu: bool = False
+) -> int:
     """Run ``target`` (``script.py args`` or ``-m module args``) stock and patched for ``steps``
-    optimizer steps, print the comparison, and return the exit status (see the module's text)."""
+    optimizer steps, print the comparison, and return the exit status (see the module's text).
+    ``cuda_to_cpu``: the stock run is the CUDA redirect alone, as ``--compare``'s."""
     out = sys.stdout if out is None else out
     options = runner_options(runner_words)
     with tempfile.TemporaryDirectory(prefix="nanopatch-verify-") as folder:
         stock_env, patched_env = _environments(os.path.join(folder, "report.json"))
         runs = []
         for name, prefix, env in (
-            ("stock", [], stock_env),
+            ("stock", stock_prefix(cuda_to_cpu), stock_env),
             ("nanopatch", ["-m", "nanopatch", *options], patched_env),
         ):
             record = os.path.join(folder, name)
             run = Run(name, [sys.executable, *prefix, "-m", CHILD, record, str(steps), str(SEED), *target])
-            shown = " ".join(["python", *prefix, *target])
+            shown = " ".join(["python", *prefix, *target])  # the stock run of a GPU script names its redirect
             out.write(f"== {name}: {shown} (for at most {steps} optimizer steps)\n")
             out.flush()
             execute(run, env, out)

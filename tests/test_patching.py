@@ -123,6 +123,7 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
         "auto_lr",
         "fast_dropout",
         "malloc_reuse",
+        "cuda_to_cpu",
     }
     import json
 
