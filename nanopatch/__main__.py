@@ -41,6 +41,12 @@ class _UsageError(Exception):
     """Bad runner arguments: exit code 2, as argparse uses."""
 
 
+def _default_text(option: str, kind: str) -> str:
+    if kind != "bool":
+        return "auto"
+    return "on" if config._DEFAULTS.get(option, True) else "off"
+
+
 def _compile_mode(text: str) -> Any:
     try:
         return config.parse_value("compile", text)
@@ -82,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                 flag,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f"(default: {'on' if kind == 'bool' else 'auto'}; env {config.env_name(name)})",
+                help=f"(default: {_default_text(name, kind)}; env {config.env_name(name)})",
             )
     launch.add_options(parser)
     parser.add_argument(

@@ -373,9 +373,7 @@ class _FunctionNano(TorchNano):
         import torch
 
         args = list(args)
-        models = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Module)]
-        if len(models) != 1:
-            raise ValueError(f"@nano: the function must take exactly one model (nn.Module), it got {len(models)}")
+        models = [_model_index(args)]
         optimizers = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
         loaders = [i for i, a in enumerate(args) if isinstance(a, torch.utils.data.DataLoader)]
         model = args[models[0]]
@@ -389,6 +387,27 @@ class _FunctionNano(TorchNano):
         if self.num_processes > 1:
             return result, (_to_bytes(model.state_dict()) if self.global_rank == 0 else None)
         return result
+
+
+def _model_index(args: Sequence[Any]) -> int:
+    """Where the model is among ``@nano``'s positional arguments: the one ``nn.Module`` with
+    parameters that is not a loss (BigDL-Nano's guide passes ``nn.CrossEntropyLoss()`` beside
+    the model)."""
+    import torch
+
+    modules = [
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.nn.Module)
+        and not isinstance(a, torch.nn.modules.loss._Loss)
+        and any(True for _ in a.parameters())
+    ]
+    if len(modules) != 1:
+        raise ValueError(
+            "@nano: the function must take exactly one model (an nn.Module with parameters, "
+            f"not a loss) as a positional argument; it got {len(modules)}"
+        )
+    return modules[0]
 
 
 def _to_bytes(state: Any) -> bytes:
@@ -414,11 +433,11 @@ def nano(**switches: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def run(*args: Any, **kwargs: Any) -> Any:
             import torch
 
+            model = args[_model_index(args)]  # a bad call fails here, not in every process
             out = _FunctionNano(run, **switches).train(*args, **kwargs)
             if switches.get("num_processes", 1) == 1:
                 return out
             result, state = out
-            model = next(a for a in args if isinstance(a, torch.nn.Module))
             model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
             return result
 

@@ -422,3 +422,34 @@ def test_data_parallel_wraps_the_cpu_model(redirected):
     model = torch.nn.Linear(2, 2).cuda()
     wrapped = torch.nn.DataParallel(model, device_ids=[0])
     assert wrapped(torch.ones(3, 2)).shape == (3, 2)
+
+
+def test_refused_classes_stay_classes_for_annotations_and_isinstance(redirected):
+    """Libraries annotate with ``torch.cuda.CUDAGraph | None`` at import (transformers does)."""
+    assert isinstance(torch.cuda.CUDAGraph, type) and isinstance(torch.cuda.graph, type)
+    assert (torch.cuda.CUDAGraph | None) is not None
+    assert not isinstance(object(), torch.cuda.CUDAGraph)
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_framework_scripts_written_for_a_gpu_take_their_gpu_path_here(tmp_path, framework):
+    """Lightning (automatic accelerator, 16-mixed when CUDA is there) and the HF Trainer
+    (``fp16=True``, which refuses to start without CUDA) see a GPU, and run on the CPU in bf16."""
+    from test_frameworks import framework as require
+
+    require("lightning.pytorch" if framework == "lightning" else "transformers")
+    out = tmp_path / "report.json"
+    _ok(
+        run_python(
+            ["-m", "nanopatch", "--cuda-to-cpu", str(DATA / "cuda_frameworks.py"), framework, str(out)],
+            cwd=tmp_path,
+            timeout=300,
+        )
+    )
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cuda")  # the framework took its GPU path
+    losses = report["losses"]
+    assert len(losses) >= 8 and all(loss == loss for loss in losses)
+    assert sum(losses[-4:]) < sum(losses[:4])  # it learns
+    if NATIVE_BF16:
+        assert report["computed"] == ["torch.bfloat16"]

@@ -76,6 +76,24 @@ def test_nano_needs_exactly_one_model():
 
     with pytest.raises(ValueError, match="exactly one model"):
         train(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="exactly one model"):
+        train(torch.nn.CrossEntropyLoss(), 2)
+
+
+def test_nano_takes_a_loss_module_beside_the_model():
+    """BigDL-Nano's guide passes ``loss_func=nn.CrossEntropyLoss()`` beside the model."""
+    model = torch.nn.Linear(2, 2)
+
+    @nanopatch.nano()
+    def train(model, optimizer, loss_func):
+        loss = loss_func(model(torch.ones(4, 2)), torch.zeros(4, dtype=torch.long))
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    before = model.weight.clone()
+    assert train(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss()) > 0
+    assert not torch.equal(before, model.weight)
 
 
 def run_script(tmp_path, api, *args):

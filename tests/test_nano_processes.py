@@ -131,8 +131,16 @@ def test_a_failing_rank_reaches_the_caller_with_its_traceback_and_ends_them_all(
     assert_gone([int((out / f"pid{rank}").read_text()) for rank in (0, 1) if (out / f"pid{rank}").exists()])
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigint-to-the-script", "script-killed"])
-@pytest.mark.parametrize("run", ["torchnano", "torchnano-no-fabric", "trainer"])
+@pytest.mark.parametrize(
+    ("run", "how"),
+    [
+        # a rank ends when the script dies: each launcher sets that up in its ranks
+        *((run, "script-killed") for run in ("torchnano", "torchnano-no-fabric", "trainer")),
+        # the script ends the ranks it started when it is interrupted
+        *((run, "sigint-to-the-script") for run in ("torchnano", "torchnano-no-fabric", "trainer")),
+        ("torchnano", "ctrl-c"),  # and a terminal's Ctrl-C, which every process gets
+    ],
+)
 def test_no_rank_outlives_ctrl_c_or_the_script(tmp_path, run, how):
     needs_lightning(run)
     proc, out = start(tmp_path, *RUNS[run], "--hang")

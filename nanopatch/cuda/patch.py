@@ -433,7 +433,10 @@ def _cuda_replacements() -> dict[str, Any]:
         "set_stream": standins.nothing,
         "device": standins.DeviceScope,
         "device_of": standins.DeviceOf,
-        **{name: standins.refuse(f"torch.cuda.{name}", hint) for name, hint in _NO_CPU_CALLS.items()},
+        **{
+            name: standins.refuse(f"torch.cuda.{name}", hint, isinstance(torch.cuda.__dict__.get(name), type))
+            for name, hint in _NO_CPU_CALLS.items()
+        },
     }
 
 

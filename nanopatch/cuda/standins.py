@@ -28,13 +28,20 @@ class NoCpuEquivalent(RuntimeError):
         self.what = what
 
 
-def refuse(what: str, hint: str = "") -> Any:
-    """A callable (also usable as a class) that raises :class:`NoCpuEquivalent` for ``what``."""
+def refuse(what: str, hint: str = "", as_class: bool = False) -> Any:
+    """A callable that raises :class:`NoCpuEquivalent` for ``what`` when called; with
+    ``as_class`` a class whose instantiation raises it, so that where ``what`` is a class it
+    still serves as one in annotations (``torch.cuda.CUDAGraph | None``) and ``isinstance``."""
+    name = what.rsplit(".", 1)[-1]
 
     def no_cpu_equivalent(*args: Any, **kwargs: Any) -> Any:
         raise NoCpuEquivalent(what, hint)
 
-    no_cpu_equivalent.__qualname__ = no_cpu_equivalent.__name__ = what.rsplit(".", 1)[-1]
+    if as_class:
+        return type(
+            name, (), {"__new__": no_cpu_equivalent, "__module__": __name__, "__doc__": NO_CPU.format(what=what)}
+        )
+    no_cpu_equivalent.__qualname__ = no_cpu_equivalent.__name__ = name
     return no_cpu_equivalent
 
 
