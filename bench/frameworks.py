@@ -341,7 +341,7 @@ def param_checksum(model) -> float:
         return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
+def lightning_worker(args: argparse.Namespace) -> None:
     import lightning as L
     import torch
     import torchvision
@@ -372,6 +372,9 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
     facts: dict[str, Any] = {}
 
     class StepTimer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            facts["affinity_at_start"] = sorted(os.sched_getaffinity(0))  # as this rank starts training
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             clock.begin(batch)
 
@@ -379,6 +382,26 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
             if clock.seen + 1 == clock.warmup + clock.steps and isinstance(outputs, dict) and "loss" in outputs:
                 facts["loss"] = float(outputs["loss"])
             clock.end()
+
+        def on_train_end(self, trainer, pl_module):
+            # in the process that trained: with num_processes=N, a rank the Trainer forked, whose
+            # results the script's process after fit does not see
+            rank = trainer.global_rank if trainer.world_size > 1 else int(os.environ.get("RANK", "0"))
+            write_rank(
+                args,
+                {
+                    "rank": rank,
+                    "samples": clock.steps * args.batch,
+                    **facts,
+                    "framework": f"lightning {L.__version__}",
+                    "strategy": type(trainer.strategy).__name__,
+                    "precision": str(trainer.precision),
+                    "trainer_world_size": trainer.world_size,
+                    "param_checksum": param_checksum(module),
+                    "probe": probe.as_dict(),
+                    **clock.as_dict(),
+                },
+            )
 
     probe.attach(module.model, nn.Conv2d)
     extra: dict[str, Any] = {"devices": 2, "strategy": "ddp"} if args.script == "lightning-ddp" else {}
@@ -402,19 +425,7 @@ def lightning_worker(args: argparse.Namespace) -> dict[str, Any]:
     clock.on_done = lambda: facts.update(process_facts(module), loader_batches=len(trainer.train_dataloader))
     with learning.start():
         trainer.fit(module, loader)
-    rank = trainer.global_rank if trainer.world_size > 1 else int(os.environ.get("RANK", "0"))
-    return {
-        "rank": rank,
-        "samples": clock.steps * args.batch,
-        **facts,
-        "framework": f"lightning {L.__version__}",
-        "strategy": type(trainer.strategy).__name__,
-        "precision": str(trainer.precision),
-        "trainer_world_size": trainer.world_size,
-        "param_checksum": param_checksum(module),
-        "probe": probe.as_dict(),
-        **clock.as_dict(),
-    }
+    return None  # each process that trained wrote its result (on_train_end)
 
 
 def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -548,8 +559,25 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_AFFINITY_AT_START: list[int] = []
+
+
+def write_rank(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Write one training process's result as ``rank<N>.json``, with the facts of its process."""
+    import torch
+
+    result.setdefault("affinity_at_start", _AFFINITY_AT_START)
+    result.update(
+        nanopatch_imported="nanopatch" in sys.modules,
+        env={k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "LOCAL_RANK", "WORLD_SIZE")},
+        torch=torch.__version__,
+        pid=os.getpid(),
+    )
+    Path(args.worker, f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
 def worker_main(args: argparse.Namespace) -> int:
-    affinity_at_start = sorted(os.sched_getaffinity(0))
+    _AFFINITY_AT_START[:] = sorted(os.sched_getaffinity(0))
     run = {
         "lightning": lightning_worker,
         "lightning-ddp": lightning_worker,
@@ -558,16 +586,8 @@ def worker_main(args: argparse.Namespace) -> int:
         "timm": timm_worker,
     }
     result = run[args.script](args)
-    import torch
-
-    result.update(
-        affinity_at_start=affinity_at_start,
-        nanopatch_imported="nanopatch" in sys.modules,
-        env={k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "LOCAL_RANK", "WORLD_SIZE")},
-        torch=torch.__version__,
-        pid=os.getpid(),
-    )
-    Path(args.worker, f"rank{result['rank']}.json").write_text(json.dumps(result))
+    if result is not None:
+        write_rank(args, result)
     return 0
 
 
