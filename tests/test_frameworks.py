@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from learning_oracle import plans_alive_now
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -140,8 +141,10 @@ def assert_fast_step(flags: list[dict]) -> None:
     assert flags and all(group["fused"] or group["foreach"] for group in flags), flags
 
 
-def details() -> list[dict]:
-    return nanopatch.status()["targets"]["training"]["details"]
+def details(earlier: list[dict] | None = None) -> list[dict]:
+    """The training target's plans in ``status()``, without those in ``earlier``
+    (:func:`learning_oracle.plans_alive_now` before the run: models an earlier test left alive)."""
+    return [d for d in nanopatch.status()["targets"]["training"]["details"] if d not in (earlier or [])]
 
 
 def detail_of(model_name: str) -> dict:
@@ -254,12 +257,13 @@ def lightning_run(pl, patched: bool, **kwargs):
     """One Lightning run, stock or patched, from the same seed; returns the module, its trainer,
     and probes on its first convolution and its classifier."""
     options = kwargs.pop("options", {})
+    earlier = plans_alive_now()
     with patched_or_stock(patched):
         torch.manual_seed(0)
         lit = lightning_module(pl, **kwargs)
         conv, fc = Probe(lit.model.conv1), Probe(lit.model.fc)
         trainer = lightning_fit(pl, lit, **options)
-        status = details() if patched else None
+        status = details(earlier) if patched else None
         flags = step_flags(trainer.optimizers[0])
     return lit, flags, conv, fc, status
 
@@ -427,6 +431,7 @@ def test_lightning_ddp_over_the_processes_of_nproc(tmp_path):
 
 
 def hf_run(transformers, patched: bool, bf16: bool, output_dir: Path):
+    earlier = plans_alive_now()
     with patched_or_stock(patched):
         torch.manual_seed(0)
         model = sentences_bert(transformers, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -447,7 +452,7 @@ def hf_run(transformers, patched: bool, bf16: bool, output_dir: Path):
         )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=Sentences())
         trainer.train()
-        status = details() if patched else None
+        status = details(earlier) if patched else None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return losses, query, classifier, status
 
