@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 from ._log import log_once, warn_once
 
@@ -35,6 +36,22 @@ def _loaded_libgomp() -> list[str]:
     return sorted(paths)
 
 
+def _openmp_pauses() -> tuple[list[tuple[str, Any]], str | None]:
+    """``omp_pause_resource_all`` of each GNU OpenMP runtime loaded here, by library name; or
+    why one of them cannot be paused."""
+    pauses = []
+    for path in _loaded_libgomp():
+        name = os.path.basename(path)
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            return [], f"{name} has no omp_pause_resource_all"
+        pause.argtypes = [ctypes.c_int]
+        pause.restype = ctypes.c_int
+        pauses.append((name, pause))
+    return pauses, None
+
+
 def release_openmp() -> str | None:
     """Shut down this process's GNU OpenMP thread pools, so that a process forked next starts
     pools of its own; ``None`` when done, else why it could not be.
@@ -43,28 +60,18 @@ def release_openmp() -> str | None:
     hangs in its own first parallel region with more than one thread. OpenMP 5's
     ``omp_pause_resource_all`` frees the pool; the next parallel region (in the parent too)
     starts a new one. Intel's OpenMP runtime handles fork itself."""
-    for path in _loaded_libgomp():
-        try:
-            pause = ctypes.CDLL(path).omp_pause_resource_all
-        except (OSError, AttributeError):
-            return f"{os.path.basename(path)} has no omp_pause_resource_all"
-        pause.argtypes = [ctypes.c_int]
-        pause.restype = ctypes.c_int
+    pauses, why = _openmp_pauses()
+    for name, pause in pauses:
         if pause(_OMP_PAUSE_SOFT) != 0:
-            return f"{os.path.basename(path)} refused to pause its threads"
-    return None
+            return f"{name} refused to pause its threads"
+    return why
 
 
 def why_not_fork() -> str | None:
     """``None`` when this process can fork training processes safely, else why not."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return "this platform cannot fork"
-    for path in _loaded_libgomp():
-        try:
-            ctypes.CDLL(path).omp_pause_resource_all  # noqa: B018
-        except (OSError, AttributeError):
-            return f"{os.path.basename(path)} has no omp_pause_resource_all"
-    return None
+    return _openmp_pauses()[1]
 
 
 def fork_or_spawn(who: str) -> str:

@@ -373,14 +373,14 @@ class _FunctionNano(TorchNano):
         import torch
 
         args = list(args)
-        models = [_model_index(args)]
+        where = _model_index(args)
         optimizers = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
         loaders = [i for i, a in enumerate(args) if isinstance(a, torch.utils.data.DataLoader)]
-        model = args[models[0]]
+        model = args[where]
         ready_model, ready_optimizers, ready_loaders = self._set_up(
             model, [args[i] for i in optimizers], [args[i] for i in loaders]
         )
-        args[models[0]] = ready_model
+        args[where] = ready_model
         for i, value in [*zip(optimizers, ready_optimizers, strict=True), *zip(loaders, ready_loaders, strict=True)]:
             args[i] = value
         result = self.decorated.__wrapped__(*args, **kwargs)
