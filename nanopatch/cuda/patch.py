@@ -456,24 +456,6 @@ def _named(name: str, function: Any) -> Any:
     return standin
 
 
-def _replace_in(modules: list[Any], original: Any, new: Any) -> None:
-    """Replace ``original`` with ``new`` wherever one of ``modules`` binds it."""
-    for module in modules:
-        for attr, value in list(vars(module).items()):
-            if value is original:
-                _patching.replace(module, attr, new)
-
-
-def _loaded(prefix: str) -> list[Any]:
-    import sys
-
-    return [
-        m
-        for name, m in list(sys.modules.items())
-        if m is not None and (name == prefix or name.startswith(prefix + "."))
-    ]
-
-
 # --- distributed ------------------------------------------------------------------------
 
 
@@ -563,11 +545,10 @@ def patch(config: Any) -> None:
         logger.debug("torch._dynamo not imported before --cuda-to-cpu: %s", exc)
     _place_on_cpu()
     _mixed_precision()
-    cuda_modules = _loaded("torch.cuda")
     for name, new in _cuda_replacements().items():
         original = torch.cuda.__dict__.get(name)
         if original is not None:
-            _replace_in(cuda_modules, original, _named(name, new))
+            _patching.replace_everywhere(original, _named(name, new), "torch.cuda")
     _distributed()
     log_once(
         "cuda-to-cpu",
@@ -628,7 +609,6 @@ def _distributed() -> None:
         return
     from torch.distributed import distributed_c10d
 
-    modules = _loaded("torch.distributed")
     for name, wrapper in (
         ("init_process_group", _init_process_group),
         ("new_group", _new_group),
@@ -638,7 +618,7 @@ def _distributed() -> None:
         if original is None:
             continue
         new = _patching.wrap(distributed_c10d, name, wrapper)
-        _replace_in([m for m in modules if m is not distributed_c10d], original, new)
+        _patching.replace_everywhere(original, new, "torch.distributed")  # its re-exports
 
 
 def _patch_extensions() -> None:
