@@ -89,6 +89,7 @@ def fork_or_spawn(who: str) -> str:
 
 
 _launches = 0  # how many launches of training processes are under way in this process
+_launcher: int | None = None  # the pid of the process that launched them (a forked rank inherits it)
 _hooked = False
 
 
@@ -108,10 +109,11 @@ def _in_child() -> None:
 def forking() -> Iterator[None]:
     """Training processes forked inside this block fork with OpenMP's threads released just
     before (:func:`release_openmp`), whoever forks them (torch's or Lightning's launcher)."""
-    global _launches, _hooked
+    global _launches, _launcher, _hooked
     if not _hooked:
         _hooked = True
         os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+    _launcher = os.getpid()
     _launches += 1
     try:
         yield
@@ -126,8 +128,8 @@ def end_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() == 1:  # the parent died before prctl: nobody is waiting for us
-            os._exit(1)
+    if _launcher is not None and os.getppid() != _launcher:
+        os._exit(1)  # the launcher died before prctl: nobody is waiting for us
 
 
 @contextlib.contextmanager

@@ -212,3 +212,21 @@ def test_only_launches_release_openmp_before_a_fork(monkeypatch):
     with _processes.forking():
         _processes._before_fork()
     assert released == [1] and _processes._launches == 0
+
+
+def test_a_rank_ends_only_when_its_launcher_is_gone(monkeypatch):
+    """A forked rank whose launcher died before it could ask to be ended with it ends at once;
+    one whose launcher is PID 1 (a container's training script) trains, as any other."""
+    ended = []
+    monkeypatch.setattr(_processes.os, "_exit", ended.append)
+    monkeypatch.setattr(_processes.ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("no prctl here")))
+    monkeypatch.setattr(_processes.os, "getppid", lambda: 1)
+    monkeypatch.setattr(_processes, "_launcher", 1)  # the script is PID 1, and alive
+    _processes.end_with_parent()
+    assert ended == []
+    monkeypatch.setattr(_processes, "_launcher", 4242)  # the launcher died: reparented to PID 1
+    _processes.end_with_parent()
+    assert ended == [1]
+    monkeypatch.setattr(_processes, "_launcher", None)  # spawned: nothing inherited to compare with
+    _processes.end_with_parent()
+    assert ended == [1]
