@@ -168,10 +168,10 @@ def compare(runner_options: Sequence[str], target: Sequence[str], out=None, cuda
     stock = Run("stock", [sys.executable, *stock_prefix(cuda_to_cpu), *target])
     patched = Run("nanopatch", [sys.executable, "-m", "nanopatch", *runner_options, *target])
     env = stock_environ()
+    with_package = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
     if cuda_to_cpu:  # so that -m nanopatch._cuda_stock finds this nanopatch
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
-    patched_env = dict(env)
-    patched_env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = with_package
+    patched_env = dict(env, PYTHONPATH=with_package)
     with tempfile.TemporaryDirectory(prefix="nanopatch-compare-") as folder:
         report = os.path.join(folder, "report.json")
         patched_env[REPORT_VARIABLE] = report
