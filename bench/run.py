@@ -94,11 +94,13 @@ class Bench:
 
 #: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``.
 #: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last);
+#: ``model_flops``, ``roof_fraction``: train_step's model FLOP/s and their share of the bf16 matmul roof measured
+#: in the same run;
 #: ``learning``: a training variant's loss and gradient count per step beside stock's, and its verdict (a row
 #: whose variant does not learn as stock has no rate and no ratio)
 ROW_KEYS = (
     "bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread", "note", "cpu_share",
-    "other_load", "noisy", "ratio_to_by_hand", "learning",
+    "other_load", "noisy", "ratio_to_by_hand", "learning", "model_flops", "roof_fraction",
 )  # fmt: skip
 
 
@@ -563,12 +565,18 @@ def cell(r: dict[str, Any] | None, stock: dict[str, Any] | None, show_delta: boo
     if r["rate"] is None:
         return "did not run"
     mark = SUSPECT_MARK if suspect(r) else ""
+    roof = f", {roof_text(r)}" if roof_text(r) else ""
     if r["stock"]:
-        return fmt_rate(r["rate"]) + mark
+        return fmt_rate(r["rate"]) + mark + (f" ({roof_text(r)})" if roof else "")
     extra = fmt_ratio(r["ratio_to_stock"])
     if show_delta and stock is not None and stock["rate"] is not None:
         extra = f"{r['rate'] - stock['rate']:+.0f} {r['unit']}, {extra}"
-    return f"{fmt_rate(r['rate'])}{mark} ({extra})"
+    return f"{fmt_rate(r['rate'])}{mark} ({extra}{roof})"
+
+
+def roof_text(r: dict[str, Any]) -> str:
+    """A training step's fraction of the machine's bf16 matmul roof, where it was measured."""
+    return f"{r['roof_fraction']:.0%} of roof" if r.get("roof_fraction") is not None else ""
 
 
 def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[str, str]) -> str:
@@ -708,6 +716,8 @@ def readme_table(results: dict[str, Any], benches: dict[str, Bench]) -> str:
                     any_suspect = True
                 if bench and bench.show_delta and stock is not None:
                     value = f"{r['rate'] - stock['rate']:+.0f} {r['unit']} ({value})"
+                if roof_text(r):
+                    value += f", {roof_text(r)}"
                 shown.append(f"{label} {value}")
             stock_text = f"{fmt_rate(stock['rate'])} {stock['unit']}" if stock and stock["rate"] is not None else "-"
             lines.append(f"| {name} | {group} | {stock_text} | {', '.join(shown) or '-'} |")

@@ -8,6 +8,15 @@ an unmodified script writes it, on synthetic data with fixed seeds, for:
 * ``transformer``: a 6-layer ``nn.TransformerEncoder`` language model (embedding + learned
   positions, d_model 512, 8 heads, feed-forward 2048, batch_first, causal mask, vocabulary
   8192), batch 8 x 256 tokens, AdamW, next-token cross-entropy: tokens/s.
+* ``siamese``: the shape of pytorch/examples' siamese network (a one-channel ResNet-18 on each of
+  two 28x28 images, an MLP, a sigmoid), batch 64 pairs, Adadelta, BCELoss: pairs/s. Small
+  convolutions on small images, where bf16 may not pay: nanopatch must never be slower there.
+
+The roof: each model's run measures, in its first plain-loop worker (stock's), this machine's
+bf16 and fp32 matrix-product rates (torch's 2048x2048 ``mm``, after the timed rounds, with no
+other worker computing) and the model's work per sample (``FlopCounterMode`` over one training
+step, forward and backward); every variant's model FLOP/s (rate x work) is printed beside its
+fraction of the bf16 rate: how far from the machine's peak the step runs.
 
 in these variants, each in its own persistent worker process:
 
@@ -65,8 +74,8 @@ alike. Workers use torch's default threads (all cores the process may use). A mo
 are shut down before the next model's start. A worker that fails is reported as failed, with its
 error, and the rest go on. Prints a Markdown table: the median rate, its spread, the ratios to ``stock`` and to
 ``by-hand``, and the issue's targets (printed, never asserted): ``patched`` >= 2.5x stock for
-the ResNets and 1.8x for the transformer; ``patched`` >= 1.10x ``by-hand`` for the ResNets and
-1.25x for the transformer; every variant nanopatch patched >= ``lightning-bf16``.
+the ResNets, 1.8x for the transformer and 1.0x for the siamese network; ``patched`` >= 1.10x
+``by-hand`` for the ResNets and 1.25x for the transformer; every variant nanopatch patched >= ``lightning-bf16``.
 
 ``--profile N``: after the timed rounds, each worker runs N more steps under torch.profiler (CPU
 activities, shapes recorded) and reports the top ops by self CPU time per step, and the self
@@ -131,10 +140,10 @@ IPEX_VARIANTS = (IPEX, IPEX_STOCK)
 #: trained by a Lightning Trainer(precision="bf16-mixed") rather than the script's own loop
 LIGHTNING_VARIANTS = (LIGHTNING, LIGHTNING_PATCHED)
 LIGHTNING_PRECISION = "bf16-mixed"
-MODELS = ("resnet18", "resnet50", "transformer")
+MODELS = ("resnet18", "resnet50", "transformer", "siamese")
 HIDDEN_MODELS = ("tiny",)  # a small CNN, for the test suite
 #: model -> minimum patched/stock ratio, from the issue. Printed, never asserted.
-TARGETS = {"resnet18": 2.5, "resnet50": 2.5, "transformer": 1.8}
+TARGETS = {"resnet18": 2.5, "resnet50": 2.5, "transformer": 1.8, "siamese": 1.0}
 #: model -> minimum patched/by-hand ratio, from the issue (part 5). Printed, never asserted.
 TARGETS_BY_HAND = {"resnet18": 1.10, "resnet50": 1.10, "transformer": 1.25}
 #: every variant nanopatch patched should be at least as fast as Lightning's own bf16-mixed (printed only)
@@ -142,6 +151,7 @@ TARGET_X_LIGHTNING = 1.0
 PROFILE_TOP = 15  # --profile: the ops shown, by self CPU time
 CLASSES = 1000
 VOCAB = 8192
+SIAMESE_BATCH = 64  # the script's default --batch-size
 SEED = 20250
 COMPILE_EXTRA_WARMUP = 3  # torch.compile traces and compiles forward and backward in the first steps
 SETTLE_S = 0.3  # pause before each request: the previous worker's OpenMP threads stop spinning
@@ -174,7 +184,38 @@ def tiny_model(classes: int = CLASSES):
     )
 
 
+def siamese_network():
+    """The shape of pytorch/examples' ``siamese_network/main.py``: torchvision's ResNet-18 with a
+    one-channel first convolution and no classifier, run on each of two 28x28 images, the two
+    512-feature vectors concatenated into Linear(1024, 256), ReLU, Linear(256, 1) and a sigmoid
+    (trained with ``BCELoss`` and Adadelta there, as here). Small convolutions on small images:
+    a model where bf16 does not obviously pay."""
+    import torch
+    import torchvision
+    from torch import nn
+
+    class SiameseNetwork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            resnet = torchvision.models.resnet18(weights=None)
+            resnet.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+            self.features = nn.Sequential(*list(resnet.children())[:-1])
+            self.head = nn.Sequential(nn.Linear(1024, 256), nn.ReLU(inplace=True), nn.Linear(256, 1))
+            self.sigmoid = nn.Sigmoid()
+
+        def forward(self, first, second):
+            pair = torch.cat([self.features(first).flatten(1), self.features(second).flatten(1)], 1)
+            return self.sigmoid(self.head(pair))
+
+    return SiameseNetwork()
+
+
 def describe(model: str, shape: dict[str, int]) -> str:
+    if model == "siamese":
+        return (
+            f"pytorch/examples' siamese network (a 1-channel ResNet-18 on each of two 28x28 images, an MLP and a "
+            f"sigmoid), batch {SIAMESE_BATCH} pairs, Adadelta, BCELoss"
+        )
     if model == "transformer":
         return (
             f"6-layer nn.TransformerEncoder LM (d_model 512, 8 heads, ff 2048, vocabulary {VOCAB}), batch "
@@ -188,7 +229,7 @@ def describe(model: str, shape: dict[str, int]) -> str:
 
 
 def unit(model: str) -> str:
-    return "tokens/s" if model == "transformer" else "img/s"
+    return {"transformer": "tokens/s", "siamese": "pairs/s"}.get(model, "img/s")
 
 
 # --- the worker: one variant's training loop -----------------------------------------------
@@ -206,9 +247,17 @@ class Job:
 
         self.by_hand = by_hand
         self.text = model_name == "transformer"
+        self.siamese = model_name == "siamese"
         self.optimizer: Any = None
         torch.manual_seed(SEED)
-        if self.text:
+        if self.siamese:
+            self.model = siamese_network()
+            self.inputs = tuple(torch.rand(SIAMESE_BATCH, 1, 28, 28) * 255 for _ in range(2))  # MNIST's pixel range
+            self.targets = torch.randint(0, 2, (SIAMESE_BATCH,)).float()
+            self.samples_per_step = SIAMESE_BATCH
+            if by_hand:
+                self.model = self.model.to(memory_format=torch.channels_last)
+        elif self.text:
             batch, seq = shape["text_batch"], shape["seq"]
             self.model = transformer_lm(seq)
             tokens = torch.randint(0, VOCAB, (batch, seq + 1))
@@ -229,7 +278,7 @@ class Job:
             self.samples_per_step = batch
         if optimizer:
             self.make_optimizer(self.model.parameters())
-        self.criterion = nn.CrossEntropyLoss()
+        self.criterion = nn.BCELoss() if self.siamese else nn.CrossEntropyLoss()
         self.model.train()  # as a script's epoch loop does, after building the optimizer
 
     def make_optimizer(self, parameters):
@@ -238,22 +287,33 @@ class Job:
 
         if self.text:
             self.optimizer = torch.optim.AdamW(parameters, lr=1e-4, weight_decay=0.01)
+        elif self.siamese:
+            self.optimizer = torch.optim.Adadelta(parameters, lr=1.0)
         else:
             self.optimizer = torch.optim.SGD(parameters, lr=0.01, momentum=0.9, weight_decay=1e-4)
         return self.optimizer
 
     def loss(self, output, targets):
+        if self.siamese:
+            return self.criterion(output.squeeze(), targets)
         return self.criterion(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+    def forward(self, inputs):
+        """The model on a batch: the siamese network takes its two images as two arguments."""
+        return self.model(*inputs) if isinstance(inputs, tuple) else self.model(inputs)
 
     def step(self):
         import torch
 
         self.optimizer.zero_grad(set_to_none=True)
         inputs = self.inputs
-        if self.by_hand and inputs.dim() == 4:  # the edited script converts each batch it is handed
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        if self.by_hand and not self.text:  # the edited script converts each batch it is handed
+            if self.siamese:
+                inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)
+            else:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.by_hand):
-            output = self.model(inputs)
+            output = self.forward(inputs)
             loss = self.loss(output, self.targets)
         loss.backward()
         self.optimizer.step()
@@ -307,7 +367,7 @@ def compute_dtype(model, inputs, context=None) -> str | None:
     handles = [m.register_forward_hook(hook) for m in layers]
     try:
         with torch.no_grad(), context or contextlib.nullcontext():
-            model(inputs)
+            model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -402,6 +462,45 @@ def learning_steps(job: Job, steps: int) -> tuple[list[dict[str, Any]], list[flo
     finally:
         learning.stop()
     return learning.record, took
+
+
+#: the roof: torch's ROOF_N x ROOF_N matrix product, timed ROOF_REPS times per dtype (median)
+ROOF_N, ROOF_REPS = 2048, 12
+
+
+def matmul_rates() -> dict[str, float]:
+    """This machine's matrix-product rate in FLOP/s, bf16 and fp32: the median of
+    :data:`ROOF_REPS` timed ``torch.mm`` of two :data:`ROOF_N`-square matrices, after a warm-up,
+    with the worker's threads. The roof a training step's model FLOP/s are read against."""
+    import torch
+
+    rates = {}
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        a, b = (torch.randn(ROOF_N, ROOF_N).to(dtype) for _ in range(2))
+        out = torch.empty(ROOF_N, ROOF_N, dtype=dtype)
+        for _ in range(3):
+            torch.mm(a, b, out=out)
+        took = []
+        for _ in range(ROOF_REPS):
+            start = time.perf_counter()
+            torch.mm(a, b, out=out)
+            took.append(time.perf_counter() - start)
+        rates[name] = 2 * ROOF_N**3 / statistics.median(took)
+    return rates
+
+
+def flops_per_sample(job: Job) -> float | None:
+    """The model work of one training step per sample: the FLOPs
+    ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products, convolutions,
+    attention; forward and backward) over one step, divided by the samples in it."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    counter = FlopCounterMode(display=False)
+    with counter:
+        job.step()[1].item()
+    return counter.get_total_flops() / job.samples_per_step
 
 
 def rss_mib() -> tuple[float, float]:
@@ -602,6 +701,13 @@ def short_dtype(name: str) -> str:
     return known.get(name, name.removeprefix("c10::"))
 
 
+def answer(runner: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """A request after ``setup``: ``run`` or ``profile`` N steps, or measure the ``roof``."""
+    if request["cmd"] == "roof":
+        return {"matmul_flops": matmul_rates()}
+    return runner.run(request["steps"]) if request["cmd"] == "run" else runner.profile(request["steps"])
+
+
 class StepRunner:
     """The worker of a variant whose loop is the script's own: built and warmed up at ``setup``,
     timed at each ``run``, profiled at ``profile``."""
@@ -612,7 +718,7 @@ class StepRunner:
     def serve(self, channel: Channel, request: dict[str, Any]) -> None:
         channel.answer(self.setup(request))
         while (request := channel.next())["cmd"] != "exit":
-            channel.answer(self.run(request["steps"]) if request["cmd"] == "run" else self.profile(request["steps"]))
+            channel.answer(answer(self, request))
 
     def setup(self, request: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
@@ -626,7 +732,7 @@ class StepRunner:
         built = time.perf_counter()
         record, learning_s = learning_steps(job, request["learn"])
         warmup_s = []
-        for _ in range(request["warmup"]):
+        while len(warmup_s) < request["warmup"]:
             start = time.perf_counter()
             output, loss = job.step()
             loss.item()
@@ -634,6 +740,8 @@ class StepRunner:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.by_hand)  # as the step runs forward
         facts = observed(job, compute_dtype(job.model, job.inputs, autocast), output, loss)
         facts["probe"] = probed_step(job)
+        if request.get("count_flops"):
+            facts["flops_per_sample"] = flops_per_sample(job)
         times = {
             "import_s": imported - started,
             "build_s": built - imported,
@@ -686,7 +794,7 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
 
         def training_step(self, batch, batch_idx):
             inputs, targets = batch
-            output = self.model(inputs)
+            output = self.model(*inputs) if isinstance(inputs, (tuple, list)) else self.model(inputs)
             loss = job.loss(output, targets)
             self.last = (output, loss)  # for the probe: what the step returned (no extra work)
             return loss
@@ -958,6 +1066,8 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     results: dict[str, dict[str, Any]] = {}
     workers: dict[str, Worker] = {}
     rounds: list[dict[str, Any]] = []
+    counter: str | None = None  # the worker that counts the model's FLOPs and measures the roof
+    roof: dict[str, float] | None = None
     try:
         for variant in variants:
             if variant in skipped:
@@ -976,6 +1086,7 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                 "by_hand": variant in BY_HAND_VARIANTS,
                 "lightning": variant in LIGHTNING_VARIANTS,
                 "broken": variant == BROKEN,
+                "count_flops": counter is None and variant not in LIGHTNING_VARIANTS,
             }
             try:
                 setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
@@ -986,6 +1097,8 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                 continue
             workers[variant] = worker
             results[variant] = {"status": "ok", "setup": setup, "samples": []}
+            if request["count_flops"]:
+                counter = variant
         for index in range(args.rounds):
             live = [v for v in variants if v in workers]
             if not live:
@@ -1008,6 +1121,14 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                     continue
                 sample["round"] = index
                 results[variant]["samples"].append(sample)
+        if counter in workers:
+            time.sleep(SETTLE_S)
+            log(f"{model}: measuring the matmul roof in {counter}'s worker")
+            try:
+                roof = workers[counter].request({"cmd": "roof"})["matmul_flops"]
+            except WorkerFailed as exc:
+                log(f"{model}: the roof could not be measured: {exc}")
+                workers.pop(counter).close()
         if args.profile:
             for variant in [v for v in variants if v in workers]:
                 time.sleep(SETTLE_S)
@@ -1024,13 +1145,25 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     finally:
         for worker in workers.values():
             worker.close()
+    flops = results[counter]["setup"]["observed"].get("flops_per_sample") if counter in results else None
     return {
         "description": describe(model, shape),
         "unit": unit(model),
         "shape": shape,
         "rounds": rounds,
+        "roof": {"matmul_flops": roof, "n": ROOF_N, "measured_in": counter, "flops_per_sample": flops},
         "seconds": time.perf_counter() - started,
-    }, summarise(model, results, args.steps)
+    }, with_roof(summarise(model, results, args.steps), roof, flops)
+
+
+def with_roof(rows: list[dict[str, Any]], roof: dict[str, float] | None, flops: float | None) -> list[dict[str, Any]]:
+    """Each row with a rate gets its model FLOP/s (``rate`` x the model's FLOPs per sample) and
+    their fraction of the bf16 matmul roof measured in the same run (``roof_fraction``)."""
+    for r in rows:
+        r["model_flops"] = r["rate"] * flops if r.get("rate") is not None and flops else None
+        bf16 = (roof or {}).get("bfloat16")
+        r["roof_fraction"] = r["model_flops"] / bf16 if r["model_flops"] is not None and bf16 else None
+    return rows
 
 
 #: a setup's timing, which a variant that does not learn as stock does not keep
@@ -1125,7 +1258,8 @@ def targets_of(model: str, r: dict[str, Any], lightning: dict[str, Any] | None) 
 
     if r["variant"] == PATCHED and model in TARGETS:
         check(STOCK, TARGETS[model], r["ratio_to_stock"])
-        check(BY_HAND, TARGETS_BY_HAND[model], r["ratio_to_by_hand"])
+        if model in TARGETS_BY_HAND:
+            check(BY_HAND, TARGETS_BY_HAND[model], r["ratio_to_by_hand"])
     if PATCH_OPTIONS[r["variant"]] is not None and lightning is not None:
         ratio = r["rate"] / lightning["rate"] if lightning["rate"] and r["rate"] is not None else None
         check(LIGHTNING, TARGET_X_LIGHTNING, ratio)
@@ -1190,17 +1324,18 @@ def print_markdown(report: dict[str, Any]) -> None:
     )
     for model, result in report["models"].items():
         print(f"\n### {model}: {result['description']} ({result['unit']})\n")
+        print(roof_line(result.get("roof") or {}, result["unit"]) + "\n")
         print(
-            f"| variant | {result['unit']} | min-max | IQR | CPU | x stock | per round | x by-hand "
-            "| first step s | warm-up extra s | peak RSS MiB | ran as |"
+            f"| variant | {result['unit']} | min-max | IQR | CPU | x stock | per round | x by-hand | model GFLOP/s "
+            "| of roof | first step s | warm-up extra s | peak RSS MiB | ran as |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         rows = [r for r in report["rows"] if r["group"] == model]
         for row in rows:
             variant = row["variant"]
             if row["status"] != "ok":  # failed, skipped, or does not learn (no rate: the verdict instead)
                 error = h.cell(row["note"])
-                print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  | {error} |")
+                print(f"| {variant} | {row['status']} |  |  |  |  |  |  |  |  |  |  |  | {error} |")
                 continue
             per_round = row.get("ratio_per_round") or []
             spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round and variant != STOCK else ""
@@ -1213,6 +1348,8 @@ def print_markdown(report: dict[str, Any]) -> None:
                 ratio_text(row["ratio_to_stock"]),
                 spread,
                 ratio_text(row.get("ratio_to_by_hand")),
+                f"{row['model_flops'] / 1e9:.0f}" if row.get("model_flops") is not None else "",
+                f"{row['roof_fraction']:.0%}" if row.get("roof_fraction") is not None else "",
                 f"{row['first_step_s']:.1f}" if row["first_step_s"] is not None else "",
                 f"{max(0.0, row['warmup_extra_s']):.1f}",
                 f"{row['peak_rss_mib']:.0f}",
@@ -1253,6 +1390,24 @@ def print_markdown(report: dict[str, Any]) -> None:
     for note in report["notes"]:
         print(f"\nNote: {note}")
     print(f"\nRun took {report['seconds']:.0f} s.")
+
+
+def roof_line(roof: dict[str, Any], unit_name: str) -> str:
+    """The model's work per sample and the machine's matmul rates it is read against."""
+    rates, flops = roof.get("matmul_flops"), roof.get("flops_per_sample")
+    work = (
+        f"model work {flops / 1e6:,.0f} MFLOP per {unit_name.split('/')[0].rstrip('s')}"
+        if flops
+        else "model work not counted"
+    )
+    if not rates:
+        return f"Roof not measured; {work}."
+    return (
+        f"Roof: this machine's {roof['n']}x{roof['n']} matrix product, bf16 {rates['bfloat16'] / 1e9:,.0f} GFLOP/s, "
+        f"fp32 {rates['float32'] / 1e9:,.0f} GFLOP/s (torch.mm in `{roof['measured_in']}`'s worker, after the rounds); "
+        f"{work} (FlopCounterMode over one training step, forward and backward). Model GFLOP/s: rate x model work; "
+        "of roof: their fraction of the bf16 rate."
+    )
 
 
 def ratio_text(ratio: float | None) -> str:

@@ -286,7 +286,7 @@ def test_the_report_renders_does_not_learn(tiny_run):
     patched = next(r for r in rows if r["variant"] == "patched")
     md = run.markdown(results, every_variant, {}).splitlines()
     (line,) = [line for line in md if line.startswith("| tiny | img/s |")]
-    assert line.endswith("| **does not learn** |") and f"({patched['ratio_to_stock']:.2f}x)" in line
+    assert line.endswith("| **does not learn** |") and f"({patched['ratio_to_stock']:.2f}x, " in line
     assert any(x.startswith("- tiny: `broken`: does not learn as stock: at step 1") for x in md)
     readme = run.readme_table(results, every_variant).splitlines()
     (line,) = [line for line in readme if line.startswith("| train_step | tiny |")]
@@ -299,3 +299,25 @@ def test_the_report_renders_does_not_learn(tiny_run):
     bars, texts = chart_parts(fig)
     plt.close(fig)
     assert "broken" not in bars and len(bars["patched"]) == 1 and "does not learn" in texts
+
+
+def test_the_roof_and_each_rows_fraction_of_it(tiny_run):
+    """The run measures this machine's matmul rates and the model's FLOPs per sample (in stock's
+    worker, the first one started), and every row with a rate reads its model FLOP/s against the
+    bf16 rate."""
+    proc, report = tiny_run
+    roof = report["models"]["tiny"]["roof"]
+    assert roof["measured_in"] == "stock" and roof["n"] == 2048
+    assert roof["matmul_flops"]["bfloat16"] > 1e9 and roof["matmul_flops"]["float32"] > 1e9
+    # the tiny CNN at 112 px: forward, and backward's input and weight gradients (the first
+    # convolution's input needs none)
+    first, second, linear = (2 * 16 * 3 * 9 * 56 * 56, 2 * 32 * 16 * 9 * 28 * 28, 2 * 32 * 1000)
+    assert roof["flops_per_sample"] == pytest.approx(2 * first + 3 * second + 3 * linear, rel=0.01)
+    for row in report["rows"]:
+        if row.get("rate") is None:
+            assert row["roof_fraction"] is None
+            continue
+        assert row["model_flops"] == pytest.approx(row["rate"] * roof["flops_per_sample"])
+        assert row["roof_fraction"] == pytest.approx(row["model_flops"] / roof["matmul_flops"]["bfloat16"])
+    assert "Roof: this machine's 2048x2048 matrix product, bf16 " in proc.stdout
+    assert "| model GFLOP/s | of roof |" in proc.stdout
