@@ -26,6 +26,8 @@ in these variants, each in its own persistent worker process:
   models), forward and loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``. The ceiling
   nanopatch aims at without edits: ``patched`` over ``by-hand`` is what the patch costs or adds.
 * ``patched``: ``nanopatch.patch_torch()`` (defaults) before the model and optimizer are built.
+  Its warm-up lasts until nanopatch has measured bf16 against fp32 for the model (at most
+  16 steps), so the timed steps run what nanopatch decided.
 * ``compile``: ``nanopatch.patch_torch(compile="default")``; compile time is reported apart.
 * ``ipex``: ``nanopatch.patch_torch()`` in an interpreter whose environment has
   intel-extension-for-pytorch built for its torch: this one if it has, or ``--ipex-python``;
@@ -503,6 +505,21 @@ def flops_per_sample(job: Job) -> float | None:
     return counter.get_total_flops() / job.samples_per_step
 
 
+#: warm-up steps a variant may add while nanopatch measures bf16 against fp32 for its model
+MAX_TRIAL_STEPS = 16
+
+
+def measuring() -> bool:
+    """Whether nanopatch is still measuring bf16 against fp32 for a model (``status()``'s
+    ``bf16_measured``): the steps of that measurement are warm-up, not steady steps."""
+    if "nanopatch" not in sys.modules:
+        return False
+    import nanopatch
+
+    models = nanopatch.status()["targets"].get("training", {}).get("details") or []
+    return any(isinstance(m, dict) and m.get("bf16_measured") == "measuring" for m in models)
+
+
 def rss_mib() -> tuple[float, float]:
     """(current, peak) resident memory of this process in MiB."""
     with open("/proc/self/statm") as f:
@@ -577,6 +594,9 @@ def setup_reply(request: dict[str, Any], job: Job, facts: dict[str, Any], **time
                 if name in ("training", "bf16", "channels_last", "ipex", "compile")
             },
             "targets": {name: target["state"] for name, target in status["targets"].items()},
+            "bf16_measured": [
+                m.get("bf16_measured") for m in status["targets"].get("training", {}).get("details") or []
+            ],
         }
     return reply
 
@@ -732,7 +752,7 @@ class StepRunner:
         built = time.perf_counter()
         record, learning_s = learning_steps(job, request["learn"])
         warmup_s = []
-        while len(warmup_s) < request["warmup"]:
+        while len(warmup_s) < request["warmup"] or (measuring() and len(warmup_s) < MAX_TRIAL_STEPS):
             start = time.perf_counter()
             output, loss = job.step()
             loss.item()
@@ -840,7 +860,7 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
                         learning.stop()
                     return
                 self.warmup_s.append(took)
-                if len(self.warmup_s) < request["warmup"]:
+                if len(self.warmup_s) < request["warmup"] or (measuring() and len(self.warmup_s) < MAX_TRIAL_STEPS):
                     return
                 # the probes: one extra forward pass in the precision plugin's context, as
                 # training_step runs, then a hook inside the model during the next batch
@@ -1280,6 +1300,9 @@ def ran_as(setup: dict[str, Any]) -> str:
     if "lightning" in setup:
         parts.append(f"Lightning {setup['lightning']['version']} Trainer, precision {setup['lightning']['precision']}")
     parts.append(f"{seen['loss_dtype']} loss")
+    decided = [d for d in setup.get("nanopatch", {}).get("bf16_measured", []) if d]
+    if decided:
+        parts.append("bf16 " + "; ".join(decided))
     return ", ".join(parts)
 
 

@@ -140,6 +140,9 @@ def accelerated(report: dict | None) -> str:
                 what.append("channels-last")
             if m.get("ipex"):
                 what.append("IPEX")
+            measured = m.get("bf16_measured")
+            if measured:
+                what.append("bf16 still being measured" if measured == "measuring" else f"bf16 {measured}")
             parts.append(f"{m['model']}: {', '.join(what) or 'fused step only'}")
         return "yes (" + "; ".join(parts) + ")"
     reasons = [f"{m['model'] or ', '.join(m.get('optimizers', []))}: {m['stock']}" for m in models if m.get("stock")]

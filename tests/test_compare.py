@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -124,7 +125,7 @@ from torch import nn
 model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
 weight = nn.Parameter(torch.zeros(2))
 optimizer = torch.optim.SGD(model.parameters() if "--bare" not in sys.argv else [weight], lr=0.1)
-for _ in range(2):
+for _ in range(14 if "--long" in sys.argv else 2):
     optimizer.zero_grad()
     x = torch.randn(4, 3, 8, 8)
     out = model(x) if "--bare" not in sys.argv else x.mean((1, 2, 3))[:, None] * weight
@@ -152,6 +153,23 @@ def test_the_table_says_whether_a_model_was_accelerated_and_why_not(tmp_path, ru
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert table_rows(proc.stdout)["model accelerated"][1].startswith(expected), proc.stdout
+
+
+def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
+    """With bf16 left to nanopatch, the model's first steps measure it against fp32; the table
+    and the end-of-run line say what was decided, with both medians."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = run_python(
+        ["-m", "nanopatch", "--compare", "--no-ipex", str(script), "--long"], cwd=tmp_path, env=child_env()
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cell = table_rows(proc.stdout)["model accelerated"][1]
+    assert cell.startswith("yes (Sequential: ") and re.search(r"bf16 (kept|off): measured .*bf16 [\d.]+ ms, fp32", cell)
+    proc = run_python(["-m", "nanopatch", "-v", "--no-ipex", str(script), "--long"], cwd=tmp_path, env=child_env())
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "trained:" in line]
+    assert re.search(r"bf16 (kept: measured|off: measured slower than fp32)", line), line
 
 
 def test_the_runner_says_what_it_trained_at_the_end_with_v(tmp_path):

@@ -36,7 +36,7 @@ from .._log import log_once, warn_once
 from . import dropout, ipex, optim, selfcheck
 from . import forward as fw
 from . import memory_format as mf
-from .plan import TARGET, Plan, Trial, config, data_parallel, doubtful, local, lock, plans, tls
+from .plan import TARGET, Plan, config, data_parallel, local, lock, plans, tls, trial_for
 
 logger = logging.getLogger("nanopatch")
 
@@ -232,9 +232,9 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     keep = plan.ipex and plan.amp_dtype is not None  # IPEX bf16 weights need autocast
     plan.amp_dtype = torch.bfloat16 if bf16 or keep else None
     plan.amp_eval = bool(cfg.bf16_eval)
-    if plan.amp_dtype is not None and not plan.ipex and doubtful(model):
-        plan.trial = Trial()
     plan.compile_mode = cfg.compile
+    if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
+        plan.trial = trial_for(model)
     plan.masks = bool(cfg.fast_dropout) and not cfg.compile and dropout.installed()
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
@@ -245,6 +245,13 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         plan.notes.append(f"data-parallel: DistributedDataParallel over {engine.world_size()} processes")
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
+
+
+def measured(cfg: Any) -> bool:
+    """Whether bf16 is measured against fp32 on a model's first steps: when nanopatch chose bf16
+    itself (an explicit ``bf16=True`` / ``NANOPATCH_BF16=1`` is honoured as asked), and not under
+    ``compile=`` (flipping autocast would recompile the graph)."""
+    return cfg.sources.get("bf16") == "auto" and not cfg.compile
 
 
 def _already(model: nn.Module, rank: int) -> bool:

@@ -90,7 +90,7 @@ class AcceleratedForward(_InstanceForward):
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
             forward = data_parallel().through(plan.ddp, forward)
-        probe = Probe() if training and plan.training_calls % PROBE_EVERY == 0 else None
+        probe = Probe() if training and (plan.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
         masks = _fast_masks(plan) if training else _nothing
         with probe if probe is not None else _nothing, masks:
             if dtype is None:
@@ -189,6 +189,8 @@ class Probe:
 def observe(plan: Plan, probe: Probe | None, dtype: torch.dtype | None) -> None:
     """Record a training call: the dtype its layers computed in (when probed), and whose
     autocast was on."""
+    if probe is not None:
+        plan.reprobe = False
     if dtype is not None:
         source = "nanopatch"
     elif amp.autocast_enabled():

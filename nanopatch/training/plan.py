@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import threading
 import time
 import weakref
@@ -93,6 +92,8 @@ class Plan:
     masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
+    bf16_measured: str | None = None  # the trial's decision, once made
+    reprobe: bool = False  # probe the next training call (what it computes in changed)
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -117,6 +118,7 @@ class Plan:
             "computed_in": self.computed_in,
             "autocast": self.autocast,
             "fast_dropout": self.fast_dropout,
+            "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
         }
 
     def summary(self) -> str:
@@ -133,6 +135,8 @@ class Plan:
             parts.append("IPEX")
         if self.fast_dropout:
             parts.append("fast dropout masks")
+        if self.bf16_measured:
+            parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         parts.extend(note for note in self.notes if note.endswith(" step"))
         if self.ddp is not None:
             parts.append("data-parallel")
@@ -140,46 +144,74 @@ class Plan:
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
 
 
-def doubtful(model: nn.Module) -> bool:
-    """Whether bf16 may not pay for this model: recurrent layers (oneDNN's bf16 RNN kernels
-    are not faster than fp32 on every CPU)."""
-    return any(isinstance(sub, nn.RNNBase) for sub in model.modules())
+def trial_for(model: nn.Module) -> Trial:
+    """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
+    depends on the CPU as much as on the model (small convolutions on small images ran slower
+    in bf16 than in fp32 on a CPU with AMX, and faster on one without). Recurrent models
+    (oneDNN's bf16 RNN kernels are not faster than fp32 everywhere) are never decided early."""
+    recurrent = any(isinstance(sub, nn.RNNBase) for sub in model.modules())
+    return Trial(early=None if recurrent else Trial.early)
 
 
 @dataclasses.dataclass
 class Trial:
-    """Measure-and-decide for a model where bf16 may not pay: after ``warmup`` optimizer
-    steps in bf16, its steps alternate between bf16 and fp32 until each has ``rounds``
-    timings (the time from one step's end to the next one's, so the forward, backward and
-    step of one iteration); bf16 stays only if its median is not slower than fp32's by more
-    than ``margin``."""
+    """Measure-and-decide, bf16 against fp32, on the first steps of the real run: after
+    ``warmup`` optimizer steps in bf16, the steps alternate between fp32 and bf16 (the first
+    fp32 step, which sets fp32's kernels up, is not counted) until each mode has ``rounds``
+    timings (the time from one step's end to the next one's: one whole iteration); bf16 stays
+    only if its fastest step is not slower than fp32's fastest (``margin``: by more than that
+    share). The fastest, not the median: whatever else the script does between steps (logging,
+    a checkpoint, a slow batch) lands on some steps and not others, and only lengthens them.
+    Where the answer is clear-cut, it comes sooner: after ``early`` timings of each mode, bf16
+    below ``clear`` times fp32 keeps bf16 (or above 1 / ``clear`` turns it off)."""
 
     warmup: int = 2
     rounds: int = 4
-    margin: float = 0.05
+    margin: float = 0.0
+    early: int | None = 2
+    clear: float = 0.8
     bf16: bool = True  # the mode of the iteration running now
     steps: int = 0
     last: float | None = None
     times: dict[bool, list[float]] = dataclasses.field(default_factory=lambda: {True: [], False: []})
+    _fp32_seen: bool = False
 
     def on_step(self, plan: Plan, now: float | None = None) -> None:
         now = time.perf_counter() if now is None else now
         if self.last is not None and self.steps > self.warmup:
-            self.times[self.bf16].append(now - self.last)
+            if self.bf16 or self._fp32_seen:
+                self.times[self.bf16].append(now - self.last)
+            self._fp32_seen = self._fp32_seen or not self.bf16
         self.last = now
         self.steps += 1
-        if min(len(v) for v in self.times.values()) >= self.rounds:
+        counted = min(len(v) for v in self.times.values())
+        if counted >= self.rounds or (self.early is not None and counted >= self.early and self._clear()):
             self._decide(plan)
         elif self.steps > self.warmup:
-            self.bf16 = not self.bf16 if self.steps > self.warmup + 1 else False
+            # fp32 first, twice (the uncounted set-up step, then a counted one), then alternating
+            self.bf16 = False if not self.times[False] else not self.bf16
+
+    def _fastest(self) -> tuple[float, float]:
+        return min(self.times[True]), min(self.times[False])
+
+    def _clear(self) -> bool:
+        bf16, fp32 = self._fastest()
+        return bf16 < fp32 * self.clear or bf16 * self.clear > fp32
 
     def _decide(self, plan: Plan) -> None:
-        bf16, fp32 = (statistics.median(self.times[mode]) for mode in (True, False))
+        bf16, fp32 = self._fastest()
         plan.trial = None
-        verdict = f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step (medians of {self.rounds})"
+        counts = sorted({len(v) for v in self.times.values()})
+        verdict = (
+            f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step "
+            f"(fastest of {'/'.join(map(str, counts))} steps)"
+        )
         if bf16 > fp32 * (1 + self.margin):
             plan.amp_dtype = None
+            plan.reprobe = True  # the next training call is probed: it computes in fp32 now
+            plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
             plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
         else:
+            plan.bf16_measured = f"kept: measured {verdict}"
             plan.notes.append(f"bf16 autocast kept: measured {verdict}")
         logger.info("%s: %s", plan.name, plan.notes[-1])
