@@ -29,7 +29,9 @@ B. **Hugging Face Trainer**: ``BertForSequenceClassification`` built from a ``Be
    token ids (sequence 128, batch 16, 2 labels), ``Trainer(TrainingArguments(use_cpu=True,
    max_steps=...))``: ``hf-stock`` and ``hf-nanopatch``; ``hf-bf16`` is the same script with
    ``TrainingArguments(bf16=True)`` (the Trainer's own autocast) and ``hf-bf16-nanopatch`` that
-   under nanopatch.
+   under nanopatch. ``--hf-model gpt2``: the same four with ``GPT2LMHeadModel`` from a
+   ``GPT2Config`` instead (the same layers, width and sequence, GPT-2's vocabulary of 50257,
+   the labels the token ids: the causal-LM loss the model computes in its forward).
 C. **timm**: ``timm.create_model("resnet18", pretrained=False, num_classes=10)``,
    ``timm.optim.create_optimizer_v2(model, "sgd", lr 0.01, momentum 0.9, weight decay 1e-4)``,
    ``timm.utils.ModelEmaV2`` updated after every step, a hand-written loop over the same generated
@@ -124,6 +126,7 @@ FULL = {
     "bert_hidden": 256,
     "vocab": 30522,
 }
+GPT2_VOCAB = 50257  # --hf-model gpt2 outside --tiny
 STARTED = time.perf_counter()  # the script's start (for setup_s: imports, data and model building)
 
 
@@ -439,7 +442,17 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     from torch import nn
     from torch.utils.data import Dataset
-    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    causal = args.hf_model == "gpt2"
 
     class GeneratedText(Dataset):
         def __init__(self, samples: int, vocab: int) -> None:
@@ -452,7 +465,8 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
 
         def __getitem__(self, i: int):
             ids = self.ids[i]
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
+            label = ids if causal else self.labels[i]  # a causal LM shifts its labels itself
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": label}
 
     facts: dict[str, Any] = {}
 
@@ -465,16 +479,26 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(SEED)
     hidden = args.bert_hidden
-    config = BertConfig(
-        num_hidden_layers=args.bert_layers,
-        hidden_size=hidden,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-        vocab_size=args.vocab,
-        max_position_embeddings=max(512, args.seq_len),
-        num_labels=TEXT_LABELS,
-    )
-    model = BertForSequenceClassification(config)
+    if causal:
+        config = GPT2Config(
+            n_layer=args.bert_layers,
+            n_embd=hidden,
+            n_head=max(1, hidden // 64),
+            vocab_size=args.vocab,
+            n_positions=max(1024, args.seq_len),
+        )
+        model = GPT2LMHeadModel(config)
+    else:
+        config = BertConfig(
+            num_hidden_layers=args.bert_layers,
+            hidden_size=hidden,
+            num_attention_heads=max(1, hidden // 64),
+            intermediate_size=4 * hidden,
+            vocab_size=args.vocab,
+            max_position_embeddings=max(512, args.seq_len),
+            num_labels=TEXT_LABELS,
+        )
+        model = BertForSequenceClassification(config)
     probe = h.Probe()
     probe.attach(model, nn.Linear)
     learning = h.Learning(args.learn, [model])
@@ -506,7 +530,8 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         "loss": float(output.training_loss),
         "framework": f"transformers {transformers.__version__}",
         "precision": "bf16" if training_args.bf16 else None,
-        "model_size": f"BERT {args.bert_layers} layers, hidden {hidden}, sequence {args.seq_len}",
+        "model_size": f"{'GPT-2' if causal else 'BERT'} {args.bert_layers} layers, hidden {hidden}, "
+        f"sequence {args.seq_len}",
         "param_checksum": param_checksum(model),
         "probe": probe.as_dict(),
         **clock.as_dict(),
@@ -611,6 +636,7 @@ def command(variant: Variant, args: argparse.Namespace, out: str, learn: int = 0
         worker += ["--learn", str(learn)]
     for name in ("steps", "warmup", *TINY):
         worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    worker += ["--hf-model", getattr(args, "hf_model", "bert")]
     return [sys.executable, *variant.launcher, *worker]
 
 
@@ -794,7 +820,7 @@ def ran_with(d: dict[str, Any]) -> str:
 GROUP_TITLES = {
     "lightning": "A. Lightning: LightningModule(ResNet-18) + Trainer",
     "lightning-ddp": "A. Lightning: Trainer(devices=2, strategy='ddp')",
-    "hf": "B. Hugging Face Trainer: BertForSequenceClassification from a BertConfig",
+    "hf": "B. Hugging Face Trainer: a transformers model built from its config (BERT, or GPT-2 with --hf-model gpt2)",
     "timm": "C. timm: create_model + create_optimizer_v2 + ModelEmaV2, hand-written loop",
 }
 
@@ -905,8 +931,13 @@ VERSIONS = ("torch", "torchvision", "lightning", "transformers", "timm", "accele
 
 def descriptions(args: argparse.Namespace) -> dict[str, str]:
     images = f"batch {args.batch} at {args.image_size} px, generated images, {CLASSES} classes"
+    model = (
+        "GPT-2 from a GPT2Config (causal-LM loss)"
+        if getattr(args, "hf_model", "bert") == "gpt2"
+        else "BERT from a BertConfig"
+    )
     bert = (
-        f"BERT from a BertConfig: {args.bert_layers} layers, hidden {args.bert_hidden}, vocabulary {args.vocab}, "
+        f"{model}: {args.bert_layers} layers, hidden {args.bert_hidden}, vocabulary {args.vocab}, "
         f"sequence {args.seq_len}, batch {args.text_batch}, generated token ids"
     )
     return {
@@ -927,6 +958,13 @@ def main(argv: list[str] | None = None) -> int:
         "(default: %(default)s)",
     )
     parser.add_argument("--image-size", type=int, help="image side in px for Lightning and timm (default 224)")
+    parser.add_argument(
+        "--hf-model",
+        choices=("bert", "gpt2"),
+        default="bert",
+        help="the Hugging Face Trainer's model: BERT for sequence classification, or GPT-2 with its "
+        "causal-LM loss and 50257-word vocabulary (default: %(default)s)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     # sizes, for the test suite (--tiny) and the workers
@@ -946,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learn", type=int, default=0, help=argparse.SUPPRESS)  # steps recorded first
     args = parser.parse_args(argv)
     h.round_defaults(args)
+    if args.hf_model == "gpt2" and args.vocab is None and not args.tiny:
+        args.vocab = GPT2_VOCAB
     for name, value in (TINY if args.tiny else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

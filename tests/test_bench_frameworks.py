@@ -178,6 +178,25 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
 PARAMS = ["conv1.weight", "bn1.weight", "bn1.bias", "fc.weight", "fc.bias"]
 
 
+def test_tiny_gpt2_run_of_the_hugging_face_trainer(tmp_path):
+    """``--hf-model gpt2``: the Trainer trains GPT-2 with the causal-LM loss it computes in its
+    forward; under nanopatch its layers compute in bf16 and it learns as stock."""
+    out = tmp_path / "fw.json"
+    script = str(REPO_ROOT / "bench" / "frameworks.py")
+    tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--learning-steps", "2"]
+    tiny += ["--variants", "hf-stock,hf-nanopatch", "--hf-model", "gpt2"]
+    proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["descriptions"]["hf"].startswith("GPT-2 from a GPT2Config (causal-LM loss)")
+    rows = {r["variant"]: r for r in report["rows"]}
+    stock, patched = rows["hf-stock"], rows["hf-nanopatch"]
+    assert stock["details"]["inside"] == "fp32 / n/a" and patched["details"]["inside"] == "bf16 / n/a"
+    assert patched["learning"]["learns"] is True, patched["learning"]
+    assert patched["learning"]["grads"] == stock["learning"]["grads"] == [16, 16]
+    assert patched["details"]["problems"] == [] and patched["rate"] > 0
+
+
 def learning_record(grads=PARAMS) -> list[dict]:
     """Two recorded steps (nanopatch.learning.Step.as_dict)."""
     step = {"optimizer": "SGD", "grads": sorted(grads), "updated": sorted(grads), "zero": [], "nonfinite": []}

@@ -447,3 +447,42 @@ def test_training_inside_an_except_block_is_observed_as_anywhere_else():
     assert hooks == {"Plain": hooks_before, "Handled": hooks_before}
     assert plans["Handled"]["training_calls"] == plans["Plain"]["training_calls"] == 3
     assert plans["Handled"]["computed_in"] == plans["Plain"]["computed_in"]
+
+
+COMPILED_SCRIPT = """
+    import sys, warnings
+    import torch, nanopatch
+
+    warnings.simplefilter("ignore", UserWarning)  # torch: compile with global module hooks
+
+    def train():
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+        optimizer = torch.optim.AdamW(layer.parameters())
+        compiled = torch.compile(layer)
+        x = torch.randn(2, 8, 32)
+        for _ in range(2):
+            optimizer.zero_grad()
+            compiled(x).float().pow(2).mean().backward()
+            optimizer.step()
+        return sorted(name for name, p in layer.named_parameters() if p.grad is not None)
+
+    with nanopatch.unpatched():
+        stock = train()
+    with nanopatch.patched(bf16=True, ipex=False):
+        patched = train()
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+    print(plan["computed_in"], len(stock), patched == stock, "intel_extension_for_pytorch" in sys.modules)
+"""
+
+
+def test_a_model_the_user_compiled_trains_and_is_accelerated():
+    """``torch.compile(model)`` by the user, while an optimizer waits for its model: the
+    discovery hooks are not traced into the graph (dynamo failed on them), and the compiled
+    module is paired, computes in bf16 and its parameters all get gradients, as stock's do. In a
+    process of its own: where IPEX 2.8 has been imported, a compiled model gets no gradients,
+    stock too."""
+    from conftest import run_python
+
+    proc = run_python(COMPILED_SCRIPT, check=True, timeout=300)
+    assert proc.stdout.split()[-4:] == ["bfloat16", "12", "True", "False"], proc.stdout + proc.stderr[-2000:]

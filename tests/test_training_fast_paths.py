@@ -134,11 +134,12 @@ def test_fast_dropout_off_gives_stocks_masks():
 
 
 def test_attention_dropout_inside_torchs_own_operators_is_drawn_fast(monkeypatch):
-    """``scaled_dot_product_attention`` draws its attention dropout in C++: the dispatch mode
-    sees it too."""
+    """``nn.MultiheadAttention`` calls ``scaled_dot_product_attention`` from C++ with its
+    attention dropout: nanopatch's attention kernel takes the call and draws the mask of the
+    attention weights (batch x heads, queries, keys) fast."""
     calls = []
-    real = dropout.fill_bernoulli
-    monkeypatch.setattr(dropout, "fill_bernoulli", lambda t, p, g=None: calls.append(tuple(t.shape)) or real(t, p, g))
+    real = dropout.keep_mask
+    monkeypatch.setattr(dropout, "keep_mask", lambda s, p, g=None: calls.append(tuple(s)) or real(s, p, g))
     with nanopatch.patched(bf16=True, ipex=False):
         layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.2, batch_first=True)
         optimizer = torch.optim.AdamW(layer.parameters())
@@ -148,7 +149,7 @@ def test_attention_dropout_inside_torchs_own_operators_is_drawn_fast(monkeypatch
             optimizer.zero_grad()
             layer(x).float().pow(2).mean().backward()
             optimizer.step()
-    assert (4, 4, 32, 32) in calls, calls  # the attention weights' mask
+    assert (16, 32, 32) in calls, calls  # the attention weights' mask
 
 
 # --- learning with the fast paths on -------------------------------------------------------

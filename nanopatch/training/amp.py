@@ -50,6 +50,26 @@ def current_dtype() -> torch.dtype:
         return torch.get_autocast_cpu_dtype()
 
 
+def autocast_cast(value: Any, dtype: torch.dtype) -> Any:
+    """What CPU autocast does to an operator's argument when it runs the operator in ``dtype``
+    (bf16 for a lower-precision operator, fp32 for an fp32 one): a CPU floating tensor other
+    than float64 is cast to it; anything else is left as it is."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.device.type == "cpu"
+        and value.dtype not in (dtype, torch.float64)
+    ):
+        return value.to(dtype)
+    return value
+
+
+def outside_autocast() -> Any:
+    """A guard under which operators skip CPU autocast's dispatch key, as autocast's own kernels
+    call the operator they wrap (for nanopatch's kernels at that key)."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+
+
 def first_float_dtype(value: Any, depth: int = 0) -> torch.dtype | None:
     """The dtype of the first floating tensor in ``value`` (a tensor, or the containers
     models return), or None."""

@@ -36,7 +36,7 @@ from .._log import log_once, warn_once
 from . import dropout, ipex, optim, selfcheck
 from . import forward as fw
 from . import memory_format as mf
-from .plan import TARGET, Plan, config, data_parallel, local, lock, plans, tls, trial_for
+from .plan import TARGET, Plan, compiling, config, data_parallel, local, lock, plans, tls, trial_for
 
 logger = logging.getLogger("nanopatch")
 
@@ -442,7 +442,10 @@ def stop() -> None:
 
 def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     """Global forward pre-hook while an optimizer is pending: pair the first module called in
-    grad mode that holds its parameters, and accelerate this very call."""
+    grad mode that holds its parameters, and accelerate this very call. Nothing while
+    torch.compile traces a module's call (the hook would be traced into its graph)."""
+    if compiling():
+        return None
     _run_later()
     if not pending or tls("busy", 0) or tls("calls", []) or not torch.is_grad_enabled() or module in plans:
         return None
@@ -506,6 +509,8 @@ def _forward_raised() -> bool:
 
 
 def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
+    if compiling():
+        return None
     calls = tls("calls", [])
     if not calls or calls[-1][0] is not module:
         return None

@@ -27,6 +27,7 @@ gradient before that operator is lost.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -58,16 +59,26 @@ def eligible(tensor: torch.Tensor, p: Any, generator: Any) -> bool:
     )
 
 
-def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> torch.Tensor:
-    """``tensor.bernoulli_(p)`` with the keep probability rounded to 1/65536, drawn four
-    elements per 64-bit value of ``generator`` (the default CPU generator when None)."""
-    n = tensor.numel()
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, generator: Any = None) -> torch.Tensor:
+    """A bool tensor of ``shape``, each element True with probability ``p`` rounded to 1/65536,
+    drawn four elements per 64-bit value of ``generator`` (the default CPU generator when None)."""
+    n = torch.Size(shape).numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64)
     words.random_(-(2**63), None, generator=generator)
     lanes = words.view(torch.int16)[:n]
     below = round(p * _LANES) - _LANES // 2  # P(lane < below) = round(p * 65536) / 65536
-    tensor.copy_(torch.lt(lanes, below).view(tensor.shape))
-    return tensor
+    return torch.lt(lanes, below).view(shape)
+
+
+def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> torch.Tensor:
+    """``tensor.bernoulli_(p)`` from :func:`keep_mask` (copied as bytes: torch converts uint8 to
+    floating types in vector code and bool element by element, five times slower)."""
+    return tensor.copy_(keep_mask(tensor.shape, p, generator).view(torch.uint8))
+
+
+def note_drawn() -> None:
+    """Count a fast draw in this thread (a region's ``fast`` reads it)."""
+    local.drawn = getattr(local, "drawn", 0) + 1
 
 
 def in_region() -> bool:
@@ -77,7 +88,7 @@ def in_region() -> bool:
 
 def _kernel(keyset: Any, tensor: torch.Tensor, p: Any = 0.5, generator: Any = None) -> torch.Tensor:
     if getattr(local, "masks", 0) > 0 and not disabled[0] and eligible(tensor, p, generator):
-        local.drawn = getattr(local, "drawn", 0) + 1  # per thread: a region counts its own thread's
+        note_drawn()  # per thread: a region counts its own thread's
         return fill_bernoulli(tensor, p, generator)
     return _aten.bernoulli_.float.redispatch(
         keyset.remove(torch._C.DispatchKey.BackendSelect), tensor, p, generator=generator
@@ -88,27 +99,43 @@ def install() -> bool:
     """Register the kernel while the training target is applied (an entry of the patch
     engine's journal: unregistered at unpatch). Returns whether it is registered; when torch
     cannot take it, says so once and masks stay stock."""
-    if _installed:
+    return register(
+        _installed, "bernoulli_.float", _kernel, "BackendSelect", "fast dropout masks off", "fast dropout mask kernel"
+    )
+
+
+def register(installed: list[Any], op: str, kernel: Any, key: str, refused: str, what: str, undo: Any = None) -> bool:
+    """Register ``kernel`` for ``aten::<op>`` at dispatch key ``key`` as an entry of the patch
+    engine's journal, noted in ``installed`` while it is on (``undo`` also runs when it comes
+    off). When torch cannot take it, logs ``refused`` once and returns False."""
+    if installed:
         return True
     try:
         library = torch.library.Library("aten", "IMPL")
-        library.impl("bernoulli_.float", _kernel, "BackendSelect", with_keyset=True)
+        with warnings.catch_warnings():
+            # torch < 2.13 warns (once, as a UserWarning) on replacing autocast's own kernel
+            warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
+            library.impl(op, kernel, key, with_keyset=True)
     except Exception as exc:
         log_once(
-            "fast-dropout-kernel",
-            "fast dropout masks off: torch %s cannot register the mask kernel (%s: %s)",
+            f"kernel-{op}",
+            "%s: torch %s cannot register the kernel for aten::%s (%s: %s)",
+            refused,
             torch.__version__,
+            op,
             type(exc).__name__,
             exc,
             level=logging.INFO,
         )
         return False
 
-    def undo() -> None:
-        _installed.clear()
+    def remove() -> None:
+        installed.clear()
+        if undo is not None:
+            undo()
         library._destroy()
 
-    _installed.append(_patching.on_undo(TARGET, undo, "aten::bernoulli_.float: fast dropout mask kernel"))
+    installed.append(_patching.on_undo(TARGET, remove, f"aten::{op}: {what}"))
     return True
 
 

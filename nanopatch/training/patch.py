@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .. import _malloc, _patching, runtime
 from .._log import log_once
-from . import discovery, dropout, replay, selfcheck
+from . import attention, discovery, dropout, loss, replay, selfcheck
 from . import forward as fw
 from .plan import TARGET, lock, plans, state
 
@@ -40,6 +41,8 @@ def patch(config: Any) -> None:
     _patching.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     _patching.wrap(nn.Module, "__getstate__", fw.module_getstate)
     _patching.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    if hasattr(F, "_in_projection_packed"):
+        _patching.wrap(F, "_in_projection_packed", attention.in_projection_packed)
     if runtime.run_cpus() is not None:
         # under the runner the main thread is pinned to one CPU: torch's warning about too many
         # DataLoader workers must count the run's CPUs, as it does without the runner
@@ -48,6 +51,7 @@ def patch(config: Any) -> None:
         _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
     if config.malloc_reuse:
         _keep_freed_memory()
+    loss.install()
     missing = replay.install()
     if config.fast_dropout:
         if missing:
@@ -58,8 +62,8 @@ def patch(config: Any) -> None:
                 torch.__version__,
                 ", ".join(missing),
             )
-        else:
-            dropout.install()
+        elif dropout.install():
+            attention.install()
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),

@@ -57,6 +57,13 @@ def config() -> Any:
     return state["config"]
 
 
+def compiling() -> bool:
+    """Whether torch.compile is tracing this call (nanopatch's hooks and kernels stand aside:
+    its graph gets stock's operators)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and compiler.is_compiling()
+
+
 def tls(name: str, default: Any) -> Any:
     """A per-thread value, created with ``default`` on first use."""
     if not hasattr(local, name):

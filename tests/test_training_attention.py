@@ -1,0 +1,206 @@
+"""Attention with dropout in bf16 products (nanopatch.training.attention): the same attention as
+torch's math path for the same mask, stock wherever it does not apply, gone after unpatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nanopatch
+from nanopatch.training import attention, dropout
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    nanopatch.unpatch_torch()
+    yield
+    nanopatch.unpatch_torch()
+
+
+def _inputs(shape, keys=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    *batch, length, width = shape
+    keys = length if keys is None else keys
+    q = torch.randn(*batch, length, width, generator=g)
+    k = torch.randn(*batch, keys, width, generator=g)
+    v = torch.randn(*batch, keys, width, generator=g)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def _masks(batch, length, keys):
+    """The masks scripts pass: a boolean key-padding mask with one query row that sees no key
+    (stock's math path gives that row zeros), and an additive float mask."""
+    padding = torch.ones(*batch[:1], 1, 1, keys, dtype=torch.bool)
+    padding[..., keys // 2 :] = False
+    rows = torch.ones(length, keys, dtype=torch.bool)
+    rows[1] = False
+    additive = torch.randn(length, keys) * 2
+    return {"padding": padding & rows, "additive": additive}
+
+
+def _reference(q, k, v, attn_mask, is_causal, keep, p):
+    """The math path in float64, with the attention weights' keep mask ``keep``."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    length, keys = scores.shape[-2:]
+    if is_causal:
+        attn_mask = torch.ones(length, keys, dtype=torch.bool).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask.to(torch.bfloat16).double()  # autocast hands the mask over in bf16
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no key: zeros, as stock's
+    return (weights * keep.view(weights.shape) / (1 - p)) @ v
+
+
+CASES = [
+    ("causal", (2, 4, 48, 16), None),
+    ("none", (2, 4, 48, 16), None),
+    ("padding", (2, 4, 48, 16), None),
+    ("additive", (2, 4, 48, 16), None),
+    ("causal", (6, 40, 32), 56),  # three dimensions, more keys than queries
+]
+
+
+@pytest.mark.parametrize(("mask", "shape", "keys"), CASES)
+def test_dropout_attention_is_the_math_paths_attention_for_the_same_mask(mask, shape, keys):
+    p = 0.3
+    q, k, v = _inputs(shape, keys)
+    batch, length, keys = shape[:-2], shape[-2], k.shape[-2]
+    attn_mask = _masks(batch, length, keys).get(mask)
+    is_causal = mask == "causal"
+    with nanopatch.patched(bf16=True, ipex=False):
+        torch.manual_seed(5)
+        with dropout.region() as region, torch.autocast("cpu", dtype=torch.bfloat16):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=p, is_causal=is_causal)
+        assert region.fast, "the attention did not take nanopatch's path"
+        torch.manual_seed(5)
+        keep = dropout.keep_mask((torch.Size(batch).numel(), length, keys), 1 - p)
+    assert out.dtype == torch.bfloat16 and out.shape == (*batch, length, v.shape[-1]) and out.is_contiguous()
+    gradient = torch.randn(out.shape)
+    grads = torch.autograd.grad(out, (q, k, v), gradient.to(out.dtype))
+    reference = _reference(q, k, v, attn_mask, is_causal, keep, p)
+    expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
+    torch.testing.assert_close(out.double(), reference, rtol=0.05, atol=0.05)
+    for name, got, want in zip("qkv", grads, expected, strict=True):
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= 0.04 * scale, f"d{name}"
+
+
+def _stock_call(args, kwargs, region=True, seed=3):
+    """The call under bf16 autocast, from one seed, in a mask region (as inside a paired
+    model's training forward) or not."""
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if not region:
+            return F.scaled_dot_product_attention(*args, **kwargs)
+        with dropout.region():
+            return F.scaled_dot_product_attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dropout_p": 0.0, "is_causal": True},  # no dropout: the fused kernel, stock's own
+        {"dropout_p": 0.2, "enable_gqa": True},  # grouped keys
+        {"dropout_p": 0.2, "is_causal": True, "float64": True},  # autocast leaves float64 as it is
+    ],
+)
+def test_calls_it_does_not_take_are_autocasts_own(kwargs):
+    kwargs = dict(kwargs)
+    dtype = torch.float64 if kwargs.pop("float64", False) else torch.float32
+    q, k, v = (t.detach().to(dtype) for t in _inputs((2, 4, 8, 16)))
+    if kwargs.get("enable_gqa"):
+        k, v = k[:, :2], v[:, :2]
+    stock = _stock_call((q, k, v), kwargs)
+    with nanopatch.patched(bf16=True, ipex=False):
+        patched = _stock_call((q, k, v), kwargs)
+    assert patched.dtype == stock.dtype
+    torch.testing.assert_close(patched, stock, rtol=0, atol=0)
+
+
+def test_a_bad_call_raises_what_stock_raises():
+    q, k, v = (t.detach() for t in _inputs((2, 4, 8, 16)))
+    mask = torch.zeros(8, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="attn_mask dtype") as stock:
+        _stock_call((q, k, v, mask), {"dropout_p": 0.2})
+    with nanopatch.patched(bf16=True, ipex=False), pytest.raises(RuntimeError) as patched:
+        _stock_call((q, k, v, mask), {"dropout_p": 0.2})
+    assert str(patched.value) == str(stock.value)
+
+
+def test_outside_a_training_forward_the_attention_and_its_dropout_are_stocks():
+    q, k, v = (t.detach() for t in _inputs((2, 4, 32, 16)))
+    kwargs = {"dropout_p": 0.3, "is_causal": True}
+    stock = _stock_call((q, k, v), kwargs, region=False)
+    with nanopatch.patched(bf16=True, ipex=False):
+        assert attention._installed
+        patched = _stock_call((q, k, v), kwargs, region=False)
+    torch.testing.assert_close(patched, stock, rtol=0, atol=0)
+
+
+def test_unpatch_gives_autocast_its_own_kernel_back():
+    q, k, v = (t.detach() for t in _inputs((2, 4, 32, 16)))
+    kwargs = {"dropout_p": 0.3, "is_causal": True}
+    before = _stock_call((q, k, v), kwargs)
+    with nanopatch.patched(bf16=True, ipex=False):
+        during = _stock_call((q, k, v), kwargs)
+    assert not attention._installed
+    after = _stock_call((q, k, v), kwargs)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert not torch.equal(during, before)  # it did take nanopatch's path while patched
+
+
+def test_fast_dropout_off_leaves_attention_stock():
+    q, k, v = (t.detach() for t in _inputs((2, 4, 32, 16)))
+    kwargs = {"dropout_p": 0.3, "is_causal": True}
+    stock = _stock_call((q, k, v), kwargs)
+    with nanopatch.patched(bf16=True, ipex=False, fast_dropout=False):
+        assert not attention._installed
+        patched = _stock_call((q, k, v), kwargs)
+    torch.testing.assert_close(patched, stock, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_multihead_self_attentions_projection_gives_stocks_tensors_and_gradients(bias):
+    """The packed in-projection of self-attention, patched: the same query, key and value, and
+    the same gradients, to the bit (``unbind`` instead of three slices of one tensor)."""
+    torch.manual_seed(0)
+    module = torch.nn.MultiheadAttention(32, 4, bias=bias, batch_first=True)
+    x = torch.randn(3, 10, 32, requires_grad=True)
+
+    def run():
+        module.zero_grad()
+        x.grad = None
+        out, _ = module(x, x, x, need_weights=False)
+        out.pow(2).sum().backward()
+        return [out.detach(), x.grad, *(p.grad for p in module.parameters())]
+
+    stock = run()
+    with nanopatch.patched(bf16=False, ipex=False, channels_last=False, fast_dropout=False):
+        assert isinstance(F._in_projection_packed.__wrapped__, type(lambda: None))
+        patched = run()
+        q = torch.randn(5, 2, 32)
+        shared = F._in_projection_packed(q, q, q, module.in_proj_weight, module.in_proj_bias)
+        assert isinstance(shared, tuple) and all(t.is_contiguous() for t in shared)
+    for got, want in zip(patched, stock, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not hasattr(F._in_projection_packed, "__wrapped__")  # unpatched
+
+
+def test_registering_the_kernels_says_nothing_to_the_user():
+    """Replacing autocast's own kernels is nanopatch's business: torch's one-time warning about
+    overriding a kernel (a UserWarning on torch < 2.13) is not shown."""
+    from conftest import run_python
+
+    code = """
+        import warnings
+        warnings.simplefilter("always")
+        import torch, nanopatch
+        nanopatch.patch_torch()
+        print("patched")
+    """
+    proc = run_python(code, check=True)
+    assert proc.stdout.strip().endswith("patched")
+    assert "Overriding a previously registered kernel" not in proc.stderr, proc.stderr
