@@ -594,8 +594,10 @@ def share_threads_in_child(environ: dict[str, str] | None = None, argv: Sequence
     * A torchrun or Lightning worker knows its group from the launcher's variables: the share
       is set now, so OpenMP reads it when torch loads.
     * A process started by multiprocessing's spawn method (``torch.multiprocessing.spawn``,
-      which sets no variable) counts the spawned processes its parent is running once torch
-      is imported, when its siblings have been started.
+      which sets no variable) counts the spawned processes its parent is running now and again
+      once torch is imported, and takes the larger count: the last sibling started sees the
+      others now (they cannot have ended yet), the first sees the later ones by then (one
+      count alone misses a sibling that ended, or has not started, when it is taken).
     * A process that starts processes of its own launcher group, as Lightning's rank 0 does
       from the script's process, takes its share when it starts them."""
     environ = os.environ if environ is None else environ
@@ -605,7 +607,8 @@ def share_threads_in_child(environ: dict[str, str] | None = None, argv: Sequence
     if group is not None:
         take_share(environ, *group)
     elif is_spawned(sys.argv if argv is None else argv):
-        _after_torch_import(lambda torch: _share_with_spawned_siblings(torch, environ))
+        seen_early = spawned_children(os.getppid())
+        _after_torch_import(lambda torch: _share_with_spawned_siblings(torch, environ, seen_early))
     watch_launches()
 
 
@@ -613,9 +616,9 @@ def is_spawned(argv: Sequence[str]) -> bool:
     return bool(argv) and argv[-1] == SPAWN_ARGUMENT
 
 
-def _share_with_spawned_siblings(torch: Any, environ: dict[str, str]) -> None:
+def _share_with_spawned_siblings(torch: Any, environ: dict[str, str], seen_early: int = 0) -> None:
     parent = os.getppid()
-    share = take_share(environ, spawned_children(parent), f"spawn:{parent}")
+    share = take_share(environ, max(seen_early, spawned_children(parent)), f"spawn:{parent}")
     if share is not None:
         torch.set_num_threads(share)
 

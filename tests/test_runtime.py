@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,22 @@ def test_a_process_that_starts_ranks_of_its_own_group_takes_its_share():
     assert runtime.share_when_starting(other, {**child, "MASTER_PORT": "6"}) is None
     assert runtime.share_when_starting(tuned_env(), None) is None  # not a rank itself
     assert other["OMP_NUM_THREADS"] == "2"
+
+
+@pytest.mark.parametrize("early, late", [(2, 1), (1, 2), (2, 2)], ids=["sibling-ended", "sibling-started", "both"])
+def test_a_spawned_process_counts_its_siblings_before_and_after_torch_loads(monkeypatch, early, late):
+    # the last sibling started sees the others at once (they cannot have ended yet); the first
+    # sees the later ones once torch is imported: either count alone can miss one
+    counts = iter([early, late])
+    monkeypatch.setattr(runtime, "spawned_children", lambda pid, proc="/proc": next(counts))
+    later = []
+    monkeypatch.setattr(runtime, "_after_torch_import", later.append)
+    env = tuned_env("2")
+    runtime.share_threads_in_child(env, argv=["python", "-c", SPAWN_MAIN, "--multiprocessing-fork"])
+    assert env["OMP_NUM_THREADS"] == "2" and len(later) == 1  # shared once torch is imported
+    threads = []
+    later[0](types.SimpleNamespace(set_num_threads=threads.append))
+    assert env["OMP_NUM_THREADS"] == "1" and threads == [1]
 
 
 def fake_proc(root, processes):
