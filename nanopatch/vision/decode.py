@@ -140,31 +140,59 @@ class _TurboJPEG(_Backend):
     def __init__(self) -> None:
         from turbojpeg import TurboJPEG  # raises if PyTurboJPEG or libturbojpeg is missing
 
+        # PyTurboJPEG reports libjpeg's warnings (corrupt or truncated data) with warnings.warn
+        # from its private ``__report_error``, and raises OSError for errors. Either way Pillow
+        # decides what stock does, so where that method exists (PyTurboJPEG 1.x and 2.x) a
+        # subclass makes every report an OSError. Catching the warnings instead would need
+        # warnings.catch_warnings() around every image, which resets Python's record of the
+        # warnings already shown: a warning the script raises once per step would then print on
+        # every step rather than once.
+        self._strict = callable(getattr(TurboJPEG, "_TurboJPEG__report_error", None))
+        cls = _strict_turbojpeg(TurboJPEG) if self._strict else TurboJPEG
         # PyTurboJPEG 2.x refuses libjpeg-turbo 2.x (RuntimeError): then OpenCV takes over.
-        self._tj = TurboJPEG(lib_path=os.environ.get(TURBOJPEG_LIB_VARIABLE) or None)
+        self._tj = cls(lib_path=os.environ.get(TURBOJPEG_LIB_VARIABLE) or None)
 
-    def header(self, data) -> JpegHeader | None:
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)``, or None where libjpeg warned or failed."""
         try:
+            if self._strict:
+                return method(*args, **kwargs)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                width, height, _subsample, colorspace = self._tj.decode_header(data)[:4]
+                result = method(*args, **kwargs)
         except OSError:
             return None
-        if caught or colorspace not in (_TJCS_YCBCR, _TJCS_GRAY):
+        return None if caught else result
+
+    def header(self, data) -> JpegHeader | None:
+        found = self._call(self._tj.decode_header, data)
+        if found is None or found[3] not in (_TJCS_YCBCR, _TJCS_GRAY):
             return None  # CMYK, YCCK, RGB-coded JPEGs and anything odd: Pillow decides
+        width, height, _subsample, colorspace = found[:4]
         return JpegHeader(width, height, colorspace == _TJCS_GRAY)
 
     def decode(self, data, factor: int, gray: bool) -> np.ndarray | None:
         scaling = None if factor == 1 else (1, factor)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                array = self._tj.decode(data, pixel_format=_TJPF_GRAY if gray else _TJPF_RGB, scaling_factor=scaling)
-        except OSError:
-            return None
-        if caught:  # libjpeg warned (corrupt or truncated data): Pillow decides what stock does
+        pixel_format = _TJPF_GRAY if gray else _TJPF_RGB
+        array = self._call(self._tj.decode, data, pixel_format=pixel_format, scaling_factor=scaling)
+        if array is None:  # libjpeg warned (corrupt or truncated data) or failed: Pillow decides
             return None
         return array[:, :, 0] if gray else array
+
+
+def _strict_turbojpeg(base: type) -> type:
+    """``base`` (PyTurboJPEG's TurboJPEG) with every error report raised as OSError, libjpeg's
+    warnings included (their message, as PyTurboJPEG would have warned it)."""
+
+    class StrictTurboJPEG(base):  # type: ignore[misc, valid-type]
+        def _TurboJPEG__report_error(self, handle: Any) -> None:
+            try:
+                message = self._TurboJPEG__get_error_string(handle)
+            except Exception:
+                message = "libjpeg-turbo reported an error"
+            raise OSError(message)
+
+    return StrictTurboJPEG
 
 
 class _OpenCV(_Backend):
