@@ -9,7 +9,8 @@ CUDA redirect alone (``python -m nanopatch._cuda_stock script.py args``), since 
 cannot run here without it. Their output is shown as it comes, each
 line prefixed with the run's name. Afterwards a table gives each run's wall time and exit
 code. It also gives the last images/s, loss and accuracy the script printed, recognised by
-their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``), the
+their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``; an
+evaluation's loss and accuracy, ``val loss`` or a ``Test: ...`` line, in rows of their own), the
 speed-ups, and whether the patched run accelerated a model (from the account it writes at
 its end: which model, in which dtype and layout, or why none). The exit code is the first
 failing run's, else 0.
@@ -31,11 +32,31 @@ from collections.abc import Sequence
 REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.__main__ reads it
 
 _NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
+_PER_SECOND = r"(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b"
+#: the ways scripts print their speed, strongest first: a run's rate is the last value of the
+#: strongest kind found anywhere in its output (a training meter over a progress bar's it/s)
+RATE_KINDS = (
+    # "img/s: 135.2" (torchvision's references), "samples/s = 80", HF's "'train_samples_per_second': 3.2"
+    ("labelled", re.compile(rf"(?:{_PER_SECOND}|\btrain_samples_per_second\b)['\"]?\s*[:=]\s*({_NUMBER})", re.I)),
+    # "412.5 img/s", "1.2e3 samples/sec" (not the number before a label: "lr: 0.05  img/s: 135")
+    ("labelled", re.compile(rf"({_NUMBER})\s*{_PER_SECOND}(?!['\"]?\s*[:=])", re.I)),
+    # timm's "Time: 2.08s,  15.38/s  (2.08s,  15.38/s)"
+    ("per second", re.compile(rf"(?:^|[\s,(])({_NUMBER})/s\b")),
+    # a tqdm progress bar's batches per second (Lightning's, HF's): "5.93it/s", "2.10s/it"
+    ("batches", re.compile(rf"({_NUMBER})\s*(it/s|s/it)\b")),
+)
+#: a word before a label that says whose figure it is: "val loss", "val_loss", "train loss"
+_SCOPE = r"(?:\b(?P<scope>val|valid|validation|test|eval|evaluation|train|training)[\s_-]*|\b)"
+_EVALUATION_SCOPES = {"val", "valid", "validation", "test", "eval", "evaluation"}
+#: a line an evaluation prints: torchvision's references' "Test:", pytorch/examples' "Test set:",
+#: Lightning's "Validation DataLoader 0: ..." progress bar (whose speed is not training's)
+_EVALUATION_LINE = re.compile(
+    r"^\W*(?:Test|Testing|Val|Valid|Validation|Validating|Eval|Evaluation|Evaluating|Predicting)\b", re.I
+)
 PATTERNS = {
-    "rate": re.compile(rf"({_NUMBER})\s*(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b", re.I),
-    "loss": re.compile(rf"\bloss\b\s*[:=]?\s*({_NUMBER})", re.I),
+    "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*[:=]?\s*({_NUMBER})", re.I),
     # "acc@1: 71.2%", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
-    "accuracy": re.compile(rf"\bacc(?:uracy)?\b(?:@1)?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
+    "accuracy": re.compile(rf"{_SCOPE}acc(?:uracy)?\b(?:@1)?['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
 }
 
 
@@ -48,20 +69,68 @@ class Run:
     output: list[str] = dataclasses.field(default_factory=list)
     report: dict | None = None  # the patched run's account of what it accelerated
 
-    def metric(self, key: str) -> tuple[float, str] | None:
+    def rate(self) -> tuple[float, str, str] | None:
+        """The script's own speed meter: (value, as printed with its unit, kind), the last value
+        of the strongest kind in :data:`RATE_KINDS` the output has; None when it has none."""
+        best: tuple[int, float, str, str] | None = None
+        for line in self.output:
+            for segment in line.split("\r"):  # a progress bar redraws itself on one line
+                found = _rate_in(segment)
+                if found is not None and (best is None or found[0] <= best[0]):
+                    best = found
+        return None if best is None else best[1:]
+
+    def metric(self, key: str, validation: bool = False) -> tuple[float, str] | None:
         """The last value the script printed with this label: (value, as printed with its
-        unit)."""
+        unit); with ``validation``, the last of an evaluation's (a label such as ``val loss``
+        or ``eval_loss``, or a line such as ``Test: ...``), else the last of training's.
+        ``"rate"``: :meth:`rate`."""
+        if key == "rate":
+            rate = self.rate()
+            return None if rate is None else rate[:2]
         found = None
         for line in self.output:
+            evaluation_line = bool(_EVALUATION_LINE.search(line))
             for match in PATTERNS[key].finditer(line):
-                value, shown = float(match.group(1)), match.group(1)
-                if key == "accuracy" and match.group(2):
+                scope = (match.group("scope") or "").lower()
+                if scope and "train_runtime" in line:  # the HF Trainer's summary: the run's mean loss
+                    continue
+                evaluation = scope in _EVALUATION_SCOPES or (evaluation_line and not scope)
+                if evaluation != validation:
+                    continue
+                value, shown = float(match.group(2)), match.group(2)
+                if key == "accuracy" and match.group(3):
                     shown += "%"
-                elif key == "accuracy" and match.group(3):  # a count of a total
-                    value = 100.0 * value / max(int(match.group(3)), 1)
-                    shown += f"/{match.group(3)} ({value:.1f}%)"
+                elif key == "accuracy" and match.group(4):  # a count of a total
+                    value = 100.0 * value / max(int(match.group(4)), 1)
+                    shown += f"/{match.group(4)} ({value:.1f}%)"
                 found = (value, shown)
         return found
+
+
+#: each kind's rank in RATE_KINDS, strongest (0) first
+_STRENGTH = {kind: rank for rank, kind in enumerate(dict.fromkeys(kind for kind, _ in RATE_KINDS))}
+
+
+def _rate_in(text: str) -> tuple[int, float, str, str] | None:
+    """The speed ``text`` prints, by the first of :data:`RATE_KINDS` it has: (strength, value,
+    as shown, kind)."""
+    for kind, pattern in RATE_KINDS:
+        if kind == "batches" and _EVALUATION_LINE.search(text):
+            continue
+        matches = list(pattern.finditer(text))
+        if not matches:
+            continue
+        match = matches[-1]
+        value, shown = float(match.group(1)), match.group(1)
+        if kind == "batches":
+            shown += f" {match.group(2)}"
+            if match.group(2) == "s/it":
+                value = 1.0 / value if value else 0.0
+        elif kind == "per second":
+            shown += "/s"
+        return _STRENGTH[kind], value, shown, kind
+    return None
 
 
 def stock_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -107,12 +176,24 @@ def table(stock: Run, patched: Run) -> str:
         ("exit code", str(stock.exit_code), str(patched.exit_code), ""),
         ("wall time", f"{stock.seconds:.1f} s", f"{patched.seconds:.1f} s", _ratio(stock.seconds, patched.seconds)),
     ]
-    rate_s, rate_p = stock.metric("rate"), patched.metric("rate")
-    rows.append(("images/s", _show(rate_s), _show(rate_p), _ratio(rate_p[0], rate_s[0]) if rate_s and rate_p else ""))
+    rate_s, rate_p = stock.rate(), patched.rate()
+    same_kind = rate_s is not None and rate_p is not None and rate_s[2] == rate_p[2]
+    rows.append(
+        (
+            "images/s",
+            "not found" if rate_s is None else rate_s[1],
+            "not found" if rate_p is None else rate_p[1],
+            _ratio(rate_p[0], rate_s[0]) if same_kind else "",
+        )
+    )
     if failed:
         rows = [(*row[:3], "") for row in rows]
-    rows.append(("final loss", _show(stock.metric("loss")), _show(patched.metric("loss")), ""))
-    rows.append(("final accuracy", _show(stock.metric("accuracy")), _show(patched.metric("accuracy")), ""))
+    for key in ("loss", "accuracy"):
+        rows.append((f"final {key}", _show(stock.metric(key)), _show(patched.metric(key)), ""))
+    for key in ("loss", "accuracy"):  # when a run printed any
+        found = stock.metric(key, validation=True), patched.metric(key, validation=True)
+        if any(found):
+            rows.append((f"validation {key}", _show(found[0]), _show(found[1]), ""))
     rows.append(("model accelerated", "-", accelerated(patched.report), ""))
     header = ("", "stock", "nanopatch", "speedup")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]

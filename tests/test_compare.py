@@ -69,7 +69,9 @@ def test_both_runs_get_the_arguments_and_only_the_second_is_patched_with_the_opt
     assert rows["wall time"][0].endswith(" s") and rows["wall time"][2].endswith("x")
     assert rows["images/s"] == ["10.0", "20.0", "2.00x"]  # the last one printed
     assert rows["final loss"] == ["0.2500", "0.2500", ""]  # the final line comes after stderr's
-    assert rows["final accuracy"] == ["62.50%", "62.50%", ""]
+    assert rows["final accuracy"] == ["0.5", "0.5", ""]  # the training accuracy
+    assert rows["validation accuracy"] == ["62.50%", "62.50%", ""]
+    assert "validation loss" not in rows  # neither run printed one
     assert rows["model accelerated"][1].startswith("no (the run reported nothing")  # it never imported torch
     assert "[stock] step 9 loss=0.75 acc: 0.5" in proc.stdout  # stderr shown too, with its run's name
 
@@ -96,17 +98,99 @@ def test_a_missing_script_is_a_usage_error(tmp_path):
         ("Epoch 3 | loss: 0.123 | acc@1: 71.2%", "loss", "0.123"),
         ("Epoch 3 | loss: 0.123 | acc@1: 71.2%", "accuracy", "71.2%"),
         ("accuracy=0.875", "accuracy", "0.875"),
-        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "accuracy", "809/1000 (80.9%)"),
-        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "loss", "0.0004"),
         ("throughput 412.5 img/s", "rate", "412.5"),
         ("1.2e3 samples/sec", "rate", "1.2e3"),
-        ("val_loss 2.5", "loss", None),  # part of another word: not "loss"
+        ("val_loss 2.5", "loss", None),  # an evaluation's: not the training loss
+        ("train_loss=0.693", "loss", "0.693"),  # Lightning's progress bar
+        ("closs 2.5", "loss", None),  # part of another word
     ],
 )
 def test_metrics_are_read_by_their_labels(line, key, value):
     run = compare.Run("x", [], output=[line])
     found = run.metric(key)
     assert (found[1] if found else None) == value
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "value"),
+    [
+        # pytorch/examples' mnist
+        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "accuracy", "809/1000 (80.9%)"),
+        ("Test set: Average loss: 0.0004, Accuracy: 809/1000 (81%)", "loss", "0.0004"),
+        ("val_loss 2.5", "loss", "2.5"),
+        ("{'eval_loss': 2.61, 'eval_runtime': 0.5, 'epoch': 1.0}", "loss", "2.61"),
+        ("epoch 2: train loss 1.2000, val loss 1.4000, val accuracy 55.0%", "loss", "1.4000"),
+        ("epoch 2: train loss 1.2000, val loss 1.4000, val accuracy 55.0%", "accuracy", "55.0%"),
+    ],
+)
+def test_an_evaluations_figures_are_read_apart(line, key, value):
+    run = compare.Run("x", [], output=[line])
+    assert run.metric(key, validation=True)[1] == value
+    assert run.metric(key) in (None, (1.2, "1.2000"))  # never the training figure
+
+
+def test_torchvisions_reference_final_loss_is_trainings_not_the_validation_pass():
+    run = compare.Run("x", [], output=TORCHVISION_REFERENCE)
+    assert run.metric("loss") == (6.8122, "6.8122")  # its validation pass prints after training
+    assert run.metric("loss", validation=True) == (3.4619, "3.4619")
+
+
+# what common training code prints, as it prints it
+TORCHVISION_REFERENCE = [
+    "Epoch: [0]  [ 0/32]  eta: 0:00:31  lr: 0.05  img/s: 74.1  loss: 6.9151 (6.9151)  acc1: 0.0000 (0.0000)",
+    "Epoch: [0]  [30/32]  eta: 0:00:01  lr: 0.05  img/s: 135.2  loss: 6.8122 (6.8745)  acc1: 3.1250 (0.4032)",
+    "Test:   [0/8]  eta: 0:00:03  loss: 3.4619 (3.4619)  acc1: 12.5000 (12.5000)  time: 0.40",
+]
+TIMM = [
+    "Train: 0 [   0/20 (  0%)]  Loss: 6.930 (6.93)  Time: 2.080s,   15.38/s  (2.080s,   15.38/s)  LR: 1.000e-05",
+    "Train: 0 [  19/20 (100%)]  Loss: 6.812 (6.87)  Time: 0.610s,   52.46/s  (0.700s,   45.71/s)  LR: 1.000e-05",
+]
+HF = [
+    "{'loss': 2.4912, 'grad_norm': 3.1, 'learning_rate': 4e-05, 'epoch': 0.5}",
+    " 50%|█████     | 4/8 [00:02<00:02,  1.98it/s]",
+    "{'train_runtime': 4.21, 'train_samples_per_second': 30.41, 'train_steps_per_second': 1.9, 'train_loss': 2.45}",
+    "100%|██████████| 2/2 [00:00<00:00, 40.10it/s]",  # an evaluation afterwards
+]
+LIGHTNING = [
+    "Epoch 0:  50%|█████     | 16/32 [00:04<00:04,  3.91it/s, v_num=0]\rEpoch 0: 100%|██████████| 32/32 [00:07<00:00,"
+    "  4.37it/s, v_num=0]",
+    "Validation DataLoader 0: 100%|██████████| 8/8 [00:00<00:00, 21.30it/s]",
+]
+
+
+@pytest.mark.parametrize(
+    ("output", "shown", "kind"),
+    [
+        (TORCHVISION_REFERENCE, "135.2", "labelled"),  # not lr's 0.05, printed just before the label
+        (TIMM, "45.71/s", "per second"),
+        (HF, "30.41", "labelled"),  # the Trainer's own figure, over its progress bars
+        (LIGHTNING, "4.37 it/s", "batches"),  # the training bar's last redraw, not validation's
+        (["Epoch 1/3 2.10s/it"], "2.10 s/it", "batches"),
+        (["throughput 412.5 img/s", "lr: 0.05  epoch 2"], "412.5", "labelled"),
+        (["step 10 loss 0.3", "done in 4.2 s"], None, None),  # nothing to read: not found
+    ],
+    ids=["torchvision-reference", "timm", "hf-trainer", "lightning-bar", "seconds-per-batch", "unit-after", "none"],
+)
+def test_the_speed_is_read_from_common_meters(output, shown, kind):
+    found = compare.Run("x", [], output=output).rate()
+    assert (found[1:] if found else (None, None)) == (shown, kind)
+    if shown == "2.10 s/it":
+        assert found[0] == pytest.approx(1 / 2.10)
+
+
+def test_speeds_of_different_kinds_get_no_ratio_and_a_missing_one_says_so():
+    stock = compare.Run("stock", [], exit_code=0, output=["12.0 img/s"])
+    patched = compare.Run("nanopatch", [], exit_code=0, output=["3.5it/s"])
+    rows = table_rows(compare.table(stock, patched))
+    assert rows["images/s"] == ["12.0", "3.5 it/s", ""]
+    rows = table_rows(compare.table(stock, compare.Run("nanopatch", [], exit_code=0, output=["24.0 img/s"])))
+    assert rows["images/s"] == ["12.0", "24.0", "2.00x"]
+    rows = table_rows(compare.table(stock, compare.Run("nanopatch", [], exit_code=0, output=[])))
+    assert rows["images/s"] == ["12.0", "not found", ""]
+
+
+def test_hugging_face_s_logged_loss_is_read():
+    assert compare.Run("x", [], output=HF).metric("loss") == (2.4912, "2.4912")  # not train_loss's
 
 
 def test_the_stock_environment_has_nothing_of_nanopatch():
