@@ -4,18 +4,23 @@ They fork where this process's OpenMP can be made safe for it: a forked process 
 script as it stands (its closures, lambdas and locally defined classes, its data), so the
 script needs no main guard and its top-level code runs once. Where fork is not available or
 not safe, they spawn, which re-imports the script (it then needs its main guard). Either way
-no process is left behind: a failure, Ctrl-C or the caller's death ends them all.
+no process is left behind: a failure, Ctrl-C or the caller's death ends them all, and the
+caller sees the traceback of the process that failed first, not of one that failed because of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
-from collections.abc import Iterator
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._log import log_once, warn_once
@@ -152,3 +157,88 @@ def none_left_behind(grace: float = 5.0) -> Iterator[None]:
         if started:
             logger.info("ended %d training process(es) left running", len(started))
         raise
+
+
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """The block that starts a launch's training processes: :func:`none_left_behind`,
+    :func:`forking` and :func:`first_failure_reported` together."""
+    with none_left_behind(), forking(), first_failure_reported():
+        yield
+
+
+_FIRST = "first"  # the file, in a launch's failures folder, of the first process that raised
+
+
+@contextlib.contextmanager
+def first_failure_reported() -> Iterator[None]:
+    """The caller sees the traceback of the training process that raised first.
+
+    When one process raises, the others fail after it (a collective's peer closed its
+    connection: gloo's "Connection closed by peer"), and torch's launcher
+    (``torch.multiprocessing.start_processes``, which Lightning's launchers call too) reports
+    whichever failed process it looks at first. Processes started in this block note the
+    traceback of their exception as they fail, the first to note winning; a process that fails
+    because another has exited notes after it, since the other's connection closes only once
+    it has exited. A ``ProcessRaisedException`` about another process is replaced with the same
+    exception about the first one."""
+    try:
+        import torch.multiprocessing as mp
+        from torch.multiprocessing.spawn import ProcessRaisedException
+    except ImportError:
+        yield
+        return
+    start = mp.start_processes
+    folder = tempfile.mkdtemp(prefix="nanopatch-failures-")
+
+    @functools.wraps(start)
+    def noting(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return start(functools.partial(_noting_failure, folder, fn), *args, **kwargs)
+
+    mp.start_processes = noting
+    try:
+        yield
+    except ProcessRaisedException as reported:
+        first = _first_failure(folder)
+        if first is None or first[0] == reported.error_index:
+            raise
+        index, pid, trace = first
+        message = f"\n\n-- Process {index} terminated with the following error:\n{trace}"
+        raise ProcessRaisedException(message, index, pid) from None
+    finally:
+        if mp.start_processes is noting:
+            mp.start_processes = start
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _noting_failure(folder: str, fn: Callable[..., Any], index: int, *args: Any) -> Any:
+    """In a started process: ``fn(index, *args)``, noting its exception in ``folder`` before it
+    propagates (to torch's wrapper, which hands it to the launcher)."""
+    try:
+        return fn(index, *args)
+    except Exception:
+        _note_failure(folder, index, traceback.format_exc())
+        raise
+
+
+def _note_failure(folder: str, index: int, trace: str) -> None:
+    """Write this process's failure as the launch's first, unless one is there: the note is
+    written whole to a file of its own, then linked to its final name, which fails if taken."""
+    with contextlib.suppress(OSError):
+        fd, path = tempfile.mkstemp(dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{index} {os.getpid()}\n{trace}")
+        with contextlib.suppress(FileExistsError):
+            os.link(path, os.path.join(folder, _FIRST))
+        os.unlink(path)
+
+
+def _first_failure(folder: str) -> tuple[int, int, str] | None:
+    """(index, pid, traceback) of the first process of the launch that noted a failure."""
+    try:
+        with open(os.path.join(folder, _FIRST)) as f:
+            head, trace = f.read().split("\n", 1)
+        index, pid = head.split()
+        return int(index), int(pid), trace
+    except (OSError, ValueError):
+        return None

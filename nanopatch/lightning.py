@@ -439,8 +439,7 @@ def _build(package: str) -> type:
             forked = isinstance(self.strategy, PinnedDDPStrategy) and self.strategy._start_method == "fork"
             with contextlib.ExitStack() as stack:
                 if forked:
-                    stack.enter_context(_processes.none_left_behind())
-                    stack.enter_context(_processes.forking())
+                    stack.enter_context(_processes.launching())
                 if self._engine is None:
                     yield
                     return

@@ -178,7 +178,7 @@ class TorchNano:
         with tempfile.TemporaryDirectory(prefix="nanopatch-") as folder:
             result = os.path.join(folder, "rank0.pickle")
             method = _processes.fork_or_spawn(type(self).__name__)
-            with _processes.none_left_behind(), _processes.forking():
+            with _processes.launching():
                 if fabric_available():
                     _make_fabric(self, method).launch(_run, self, args, kwargs, result)
                 else:

@@ -204,6 +204,58 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
     assert proc.returncode == 0 and "forked and back" in proc.stdout, proc.stderr
 
 
+FAILING_RANKS = """
+import multiprocessing.util, os, sys, time
+import torch.multiprocessing as mp
+from nanopatch import _processes
+
+def work(rank, folder):
+    raised = os.path.join(folder, "raised")
+    if rank == 1:
+        # this rank's process lingers after its exception (as one ending its gloo threads does)
+        multiprocessing.util.Finalize(None, time.sleep, args=(3,), exitpriority=0)
+        open(raised, "w").close()
+        raise ValueError("rank 1 found a bad batch")
+    while not os.path.exists(raised):
+        time.sleep(0.01)
+    time.sleep(0.5)
+    raise RuntimeError("Connection closed by peer")  # what the others' collectives raise after it
+
+if __name__ == "__main__":
+    folder, method, block = sys.argv[1:]
+    try:
+        with _processes.launching() if block == "launching" else _processes.forking():
+            mp.start_processes(work, args=(folder,), nprocs=2, start_method=method)
+    except mp.ProcessRaisedException as exc:
+        print("reported", exc.error_index, "ValueError: rank 1 found a bad batch" in str(exc))
+    print("start_processes restored", mp.start_processes is sys.modules["torch.multiprocessing.spawn"].start_processes)
+"""
+
+
+@pytest.mark.parametrize(
+    ("method", "block", "reported"),
+    [
+        ("fork", "launching", 1),
+        ("spawn", "launching", 1),
+        # stock's launcher reports the process it sees end first: the one that failed after it
+        ("fork", "forking", 0),
+    ],
+)
+def test_the_caller_sees_the_rank_that_raised_first(tmp_path, method, block, reported):
+    from conftest import run_python
+
+    script = tmp_path / "ranks.py"
+    script.write_text(FAILING_RANKS)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**child_env(), "TMPDIR": str(temp)}
+    proc = run_python([str(script), str(tmp_path), method, block], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"reported {reported} {reported == 1}" in proc.stdout, proc.stdout + proc.stderr
+    assert "start_processes restored True" in proc.stdout
+    assert not [p for p in os.listdir(temp) if p.startswith("nanopatch-")]  # the notes went with the launch
+
+
 def test_only_launches_release_openmp_before_a_fork(monkeypatch):
     released = []
     monkeypatch.setattr(_processes, "release_openmp", lambda: released.append(1))
