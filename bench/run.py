@@ -94,8 +94,8 @@ class Bench:
 
 #: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``.
 #: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last);
-#: ``model_flops``, ``roof_fraction``: train_step's model FLOP/s and their share of the bf16 matmul roof measured
-#: in the same run;
+#: ``model_flops``, ``roof_fraction``: train_step's model FLOP/s and their share of the matmul roof measured
+#: in the same run (the faster of bf16's and fp32's rates);
 #: ``learning``: a training variant's loss and gradient count per step beside stock's, and its verdict (a row
 #: whose variant does not learn as stock has no rate and no ratio)
 ROW_KEYS = (
@@ -575,7 +575,7 @@ def cell(r: dict[str, Any] | None, stock: dict[str, Any] | None, show_delta: boo
 
 
 def roof_text(r: dict[str, Any]) -> str:
-    """A training step's fraction of the machine's bf16 matmul roof, where it was measured."""
+    """A training step's fraction of the machine's matmul roof, where it was measured."""
     return f"{r['roof_fraction']:.0%} of roof" if r.get("roof_fraction") is not None else ""
 
 

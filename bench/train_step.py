@@ -1182,12 +1182,20 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
 
 def with_roof(rows: list[dict[str, Any]], roof: dict[str, float] | None, flops: float | None) -> list[dict[str, Any]]:
     """Each row with a rate gets its model FLOP/s (``rate`` x the model's FLOPs per sample) and
-    their fraction of the bf16 matmul roof measured in the same run (``roof_fraction``)."""
+    their fraction of the roof measured in the same run (``roof_fraction``): see :func:`roof_rate`."""
+    top = roof_rate(roof)
     for r in rows:
         r["model_flops"] = r["rate"] * flops if r.get("rate") is not None and flops else None
-        bf16 = (roof or {}).get("bfloat16")
-        r["roof_fraction"] = r["model_flops"] / bf16 if r["model_flops"] is not None and bf16 else None
+        r["roof_fraction"] = r["model_flops"] / top[1] if r["model_flops"] is not None and top else None
     return rows
+
+
+def roof_rate(roof: dict[str, float] | None) -> tuple[str, float] | None:
+    """The roof: the faster of the machine's bf16 and fp32 matmul rates, with its dtype's name.
+    bf16 on a CPU with native bf16 (avx512_bf16, AMX); on one without, bf16 products are
+    emulated, far slower than fp32's, and fp32's rate is the most a step can reach."""
+    rates = [(name, rate) for name, rate in (roof or {}).items() if rate]
+    return max(rates, key=lambda item: item[1]) if rates else None
 
 
 #: a setup's timing, which a variant that does not learn as stock does not keep
@@ -1429,12 +1437,18 @@ def roof_line(roof: dict[str, Any], unit_name: str) -> str:
     )
     if not rates:
         return f"Roof not measured; {work}."
+    top = roof_rate(rates)
+    faster = "bf16" if top and top[0] == "bfloat16" else "fp32 (this CPU's bf16 products are slower)"
     return (
-        f"Roof: this machine's {roof['n']}x{roof['n']} matrix product, bf16 {rates['bfloat16'] / 1e9:,.0f} GFLOP/s, "
-        f"fp32 {rates['float32'] / 1e9:,.0f} GFLOP/s (torch.mm in `{roof['measured_in']}`'s worker, after the rounds); "
+        f"Roof: this machine's {roof['n']}x{roof['n']} matrix product, bf16 {_gflops(rates['bfloat16'])} GFLOP/s, "
+        f"fp32 {_gflops(rates['float32'])} GFLOP/s (torch.mm in `{roof['measured_in']}`'s worker, after the rounds); "
         f"{work} (FlopCounterMode over one training step, forward and backward). Model GFLOP/s: rate x model work; "
-        "of roof: their fraction of the bf16 rate."
+        f"of roof: their fraction of the faster rate, {faster}."
     )
+
+
+def _gflops(rate: float) -> str:
+    return f"{rate / 1e9:,.0f}" if rate >= 1e10 else f"{rate / 1e9:.2g}"
 
 
 def ratio_text(ratio: float | None) -> str:
