@@ -95,7 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare",
         action="store_true",
         help="run the script twice, stock then patched (same arguments), and print a side-by-side table "
-        "of wall time, images/s, final loss and accuracy",
+        "of wall time, images/s, final loss and accuracy, where each run's time went, and advice",
+    )
+    parser.add_argument(
+        "--try-compile",
+        action="store_true",
+        help="with --compare: a third run patched with --compile, and whether torch.compile trained faster",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="with --compare: draw where each run's time went as a stacked bar chart (needs matplotlib)",
     )
     parser.add_argument(
         "--verify",
@@ -184,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_level = "DEBUG" if opts.verbose > 1 else "INFO"
     if log_level:
         configure_stderr(log_level)
+    if opts.verbose and opts.breakdown is None and not os.environ.get(config.env_name("breakdown"), "").strip():
+        os.environ[config.env_name("breakdown")] = "1"  # -v says where the time went
     options = {name: getattr(opts, name, None) for name in config.OPTIONS if getattr(opts, name, None) is not None}
 
     if opts.info:
@@ -209,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if opts.json:
         parser.error("--json goes with --info")
+    if opts.plot and not opts.compare:
+        parser.error("--plot goes with --compare")
+    if opts.try_compile and (not opts.compare or opts.compile):
+        parser.error("--try-compile goes with --compare, and without --compile (it tries both)")
     if target is None:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
@@ -236,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.compare:
         from .compare import compare
 
-        return compare([word for word in own if word != "--compare"], target_argv, cuda_to_cpu=cuda_to_cpu)
+        return compare(
+            _without_compare(own), target_argv, cuda_to_cpu=cuda_to_cpu, plot=opts.plot, try_compile=opts.try_compile
+        )
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.
     launching = launch.wants_launch(opts)
@@ -280,21 +298,39 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
     return 0
 
 
+def _without_compare(own: Sequence[str]) -> list[str]:
+    """The runner options of ``--compare``'s patched run: ``--compare``, ``--try-compile`` and
+    ``--plot`` left out."""
+    kept, skip = [], False
+    for word in own:
+        if skip:
+            skip = False
+        elif word == "--plot":
+            skip = True
+        elif word not in ("--compare", "--try-compile") and not word.startswith("--plot="):
+            kept.append(word)
+    return kept
+
+
 def _report() -> None:
-    """At the script's end: one line of what training ran with, at ``-v``; and the whole
-    account as JSON to ``NANOPATCH_REPORT`` when that is set (``--compare`` reads it), by
-    rank 0 only in a ``--nproc`` run."""
+    """At the script's end, at ``-v``: one line of what training ran with, where the time went
+    and the advice; and the whole account as JSON to ``NANOPATCH_REPORT`` when that is set
+    (``--compare`` reads it), by rank 0 only in a ``--nproc`` run."""
+    from .compare import write_report
+
     training = sys.modules.get("nanopatch.training.patch")
-    if training is None:
-        return
+    timing = sys.modules.get("nanopatch.breakdown.patch")
     try:
-        lines = training.summary()
         logger = logging.getLogger("nanopatch")
-        logger.info("trained: %s", "; ".join(lines) if lines else "no optimizer stepped, nothing was accelerated")
-        path = os.environ.get(REPORT_VARIABLE)
-        if path and os.environ.get("RANK", "0") == "0":
-            with open(path, "w") as f:
-                json.dump({"models": training.describe(), "summary": lines}, f, default=str)
+        if training is not None:
+            lines = training.summary()
+            logger.info("trained: %s", "; ".join(lines) if lines else "no optimizer stepped, nothing was accelerated")
+        times = timing.describe() if timing is not None else None
+        if times is not None:
+            logger.info("time: %s", timing.text(times))
+            for advice in times["advice"]:
+                logger.info("advice: %s", advice["text"])
+        write_report()
     except Exception as exc:  # the script's own outcome is what counts
         print(f"nanopatch: could not report what it accelerated: {exc}", file=sys.stderr)
 

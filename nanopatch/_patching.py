@@ -654,6 +654,8 @@ def status() -> dict[str, Any]:
             "options": config.as_dict() if config is not None else {},
             "targets": target_info,
             "warnings": errors + (_stale_bindings() if _active is not None else []),
+            # where the run's time went and the advice it gives, with the breakdown option on
+            "breakdown": target_info.get("breakdown", {}).get("details"),
         }
 
 
@@ -672,3 +674,5 @@ register(Target(name="distributed", option="data_parallel", module="torch", patc
 for _name, _module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
     register(Target(name=_name, option="data_parallel", module=_module, patcher="nanopatch.parallel.lightning"))
 del _name, _module
+# last: it times what the others accelerate
+register(Target(name="breakdown", option="breakdown", module="torch", patcher="nanopatch.breakdown.patch"))

@@ -3,17 +3,20 @@ compare.
 
 Both runs get the same arguments, the same environment (no ``NANOPATCH_*`` in the stock
 one) and ``PYTHONHASHSEED=0``; a script that seeds its RNGs sees the same random numbers in
-both. The stock run is plain ``python script.py args``, and the patched run is ``python -m
-nanopatch [your runner options] script.py args``; with ``--cuda-to-cpu`` the stock run is the
-CUDA redirect alone (``python -m nanopatch._cuda_stock script.py args``), since a GPU script
+both. The stock run is the script as it stands, timed (``python -m nanopatch._stock
+--breakdown script.py args``: nothing that accelerates, a clock read per batch and per
+optimizer step), and the patched run is ``python -m nanopatch --breakdown [your runner
+options] script.py args``; with ``--no-breakdown`` the stock run is plain ``python script.py
+args``. With ``--cuda-to-cpu`` the stock run has the CUDA redirect too, since a GPU script
 cannot run here without it. Their output is shown as it comes, each
 line prefixed with the run's name. Afterwards a table gives each run's wall time and exit
 code. It also gives the last images/s, loss and accuracy the script printed, recognised by
 their labels (``images/s``, ``img/s``, ``samples/s``, ``loss``, ``acc``/``accuracy``; an
 evaluation's loss and accuracy, ``val loss`` or a ``Test: ...`` line, in rows of their own), the
 speed-ups, and whether the patched run accelerated a model (from the account it writes at
-its end: which model, in which dtype and layout, or why none). The exit code is the first
-failing run's, else 0.
+its end: which model, in which dtype and layout, or why none). Then where each run's time
+went (:mod:`nanopatch.breakdown`) and the patched run's advice; ``--plot FILE.png`` draws the
+breakdown as a stacked bar chart. The exit code is the first failing run's, else 0.
 """
 
 from __future__ import annotations
@@ -195,21 +198,26 @@ def table(stock: Run, patched: Run) -> str:
         if any(found):
             rows.append((f"validation {key}", _show(found[0]), _show(found[1]), ""))
     rows.append(("model accelerated", "-", accelerated(patched.report), ""))
-    header = ("", "stock", "nanopatch", "speedup")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = [" | ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
-    lines.append("-+-".join("-" * w for w in widths))
-    for row in rows:
-        lines.append(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    lines = _aligned(("", "stock", "nanopatch", "speedup"), rows)
     if failed:
         lines.append("")
         lines.extend(f"{r.name} run failed with exit code {r.exit_code}: no speed-up is given" for r in failed)
     return "\n".join(lines)
 
 
+def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A text table: cells padded to their column's width, a rule under the header."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("-+-".join("-" * w for w in widths))
+    for row in rows:
+        lines.append(" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return lines
+
+
 def accelerated(report: dict | None) -> str:
     """ "yes (what)" or "no (why)" from the patched run's report."""
-    if report is None:
+    if report is None or "models" not in report:
         return "no (the run reported nothing: it never imported torch, or nanopatch's training patch was off)"
     models = report.get("models", [])
     done = [m for m in models if m.get("model") and m.get("stock") is None and m.get("training_calls")]
@@ -232,43 +240,159 @@ def accelerated(report: dict | None) -> str:
     return "no (no optimizer stepped: nothing to accelerate was found)"
 
 
+def write_report() -> None:
+    """At a run's end: its account as JSON to ``NANOPATCH_REPORT``, when that is set (by rank 0
+    only in a ``--nproc`` run): the training patch's account of its models, where it is
+    loaded, and the breakdown, where it is on."""
+    path = os.environ.get(REPORT_VARIABLE)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    account: dict = {}
+    training = sys.modules.get("nanopatch.training.patch")
+    if training is not None:
+        account.update(models=training.describe(), summary=training.summary())
+    timing = sys.modules.get("nanopatch.breakdown.patch")
+    times = timing.describe() if timing is not None else None
+    if times is not None:
+        account["breakdown"] = times
+    with open(path, "w") as f:
+        json.dump(account, f, default=str)
+
+
+def _times(run: Run) -> dict | None:
+    return (run.report or {}).get("breakdown")
+
+
+def breakdown_text(stock: Run, patched: Run, *more: Run) -> str:
+    """Where each run's time went, side by side, and the patched run's advice ("" when no run
+    was timed). ``more``: a ``--try-compile`` run, shown beside them and judged against the
+    patched one."""
+    from .breakdown.advice import compile_trial
+    from .breakdown.patch import PARTS
+
+    runs = [stock, patched, *more]
+    times = [_times(run) for run in runs]
+    if not any(times):
+        return ""
+
+    def part(report: dict | None, key: str) -> str:
+        if not report:
+            return "-"
+        share = report[key] / report["wall_s"] if report["wall_s"] > 0 else 0.0
+        return f"{report[key]:.1f} s ({share:.0%})"
+
+    rows = [(label, *(part(t, key) for t in times), "") for key, label in PARTS]
+    rates = [t.get("samples_per_s") if t else None for t in times]
+    speedup = _ratio(rates[1], rates[0]) if rates[0] and rates[1] else ""
+    rows.append(("samples/s while training", *("-" if r is None else f"{r:.1f}" for r in rates), speedup))
+    rows.append(("optimizer steps", *("-" if not t else str(t["steps"]) for t in times), ""))
+    lines = ["Where the time went (nanopatch.breakdown: wall time from torch's import to the end)", ""]
+    lines.extend(_aligned(("", *(run.name for run in runs), "speedup"), rows))
+    advice = list((times[1] or {}).get("advice") or [])
+    if more:
+        trial = compile_trial(times[1], times[2])
+        advice.append(trial or {"text": "torch.compile: no rate to compare (a run failed or trained no steps)"})
+    if advice:
+        lines += ["", "Advice (measured on the nanopatch run):"]
+        lines.extend(f"- {a['text']}" for a in advice)
+    return "\n".join(lines)
+
+
+def draw(path: str, *runs: Run) -> str:
+    """The runs' breakdowns as a stacked bar chart in ``path``; what was done, as a line."""
+    from .breakdown.patch import PARTS
+
+    times = [(run.name, _times(run)) for run in runs]
+    if not any(t for _, t in times):
+        return f"--plot: no run was timed (--no-breakdown, or neither imported torch): {path} was not written"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        return f"--plot: matplotlib is not installed (pip install matplotlib): {path} was not written"
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.8 * len(times)))
+    names = [name for name, _ in times]
+    left = [0.0] * len(times)
+    for key, label in PARTS:
+        widths = [t[key] if t else 0.0 for _, t in times]
+        ax.barh(names, widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, (_, t) in enumerate(times):
+        if t and t.get("samples_per_s"):
+            ax.text(left[i], i, f"  {t['samples_per_s']:.1f} samples/s", va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of wall time")
+    ax.set_xlim(0, max(left) * 1.3 or 1)
+    ax.set_title("Where the time went")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize="small", frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return f"--plot: the breakdown is drawn in {path}"
+
+
 def _ratio(numerator: float, denominator: float) -> str:
     if not numerator or not denominator or numerator <= 0 or denominator <= 0:
         return ""
     return f"{numerator / denominator:.2f}x"
 
 
-def stock_prefix(cuda_to_cpu: bool) -> list[str]:
+def stock_prefix(cuda_to_cpu: bool, breakdown: bool = False) -> list[str]:
     """What the stock run starts with: plain ``python``; with ``--cuda-to-cpu``, the CUDA
-    redirect alone (:mod:`nanopatch._cuda_stock`: a GPU script cannot run here without it)."""
-    return ["-m", "nanopatch._cuda_stock"] if cuda_to_cpu else []
+    redirect (:mod:`nanopatch._stock`: a GPU script cannot run here without it); with
+    ``breakdown``, the breakdown's timing."""
+    flags = [flag for flag, on in (("--cuda-to-cpu", cuda_to_cpu), ("--breakdown", breakdown)) if on]
+    return ["-m", "nanopatch._stock", *flags] if flags else []
 
 
-def compare(runner_options: Sequence[str], target: Sequence[str], out=None, cuda_to_cpu: bool = False) -> int:
+def compare(
+    runner_options: Sequence[str],
+    target: Sequence[str],
+    out=None,
+    cuda_to_cpu: bool = False,
+    plot: str | None = None,
+    try_compile: bool = False,
+) -> int:
     """Run ``target`` (``script.py args`` or ``-m module args``) stock, then with the runner and
-    ``runner_options``; print the table; return the first failing run's exit code, else 0.
-    ``cuda_to_cpu``: the stock run is the CUDA redirect alone."""
+    ``runner_options``; print the table, the breakdown and the advice; return the first failing
+    run's exit code, else 0. ``cuda_to_cpu``: the stock run has the CUDA redirect too.
+    ``plot``: draw the breakdown into this image file. ``try_compile``: a third run, patched
+    with ``--compile``, whose training rate is judged against the patched run's."""
     out = sys.stdout if out is None else out
-    stock = Run("stock", [sys.executable, *stock_prefix(cuda_to_cpu), *target])
+    timed = "--no-breakdown" not in runner_options
+    if timed and "--breakdown" not in runner_options:
+        runner_options = ["--breakdown", *runner_options]
+    stock = Run("stock", [sys.executable, *stock_prefix(cuda_to_cpu, timed), *target])
     patched = Run("nanopatch", [sys.executable, "-m", "nanopatch", *runner_options, *target])
+    compiled = Run("compiled", [sys.executable, "-m", "nanopatch", "--compile", *runner_options, *target])
     env = stock_environ()
     with_package = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
-    if cuda_to_cpu:  # so that -m nanopatch._cuda_stock finds this nanopatch
+    if cuda_to_cpu or timed:  # so that -m nanopatch._stock finds this nanopatch
         env["PYTHONPATH"] = with_package
-    patched_env = dict(env, PYTHONPATH=with_package)
     with tempfile.TemporaryDirectory(prefix="nanopatch-compare-") as folder:
-        report = os.path.join(folder, "report.json")
-        patched_env[REPORT_VARIABLE] = report
-        for run, run_env in ((stock, env), (patched, patched_env)):
+        runs = []
+        patched_env = dict(env, PYTHONPATH=with_package)
+        planned = [(stock, env), (patched, patched_env)] + ([(compiled, dict(patched_env))] if try_compile else [])
+        for run, run_env in planned:
+            report = run_env[REPORT_VARIABLE] = os.path.join(folder, f"{run.name}.json")
             out.write(f"== {run.name}: {' '.join(run.command[1:])}\n")
             out.flush()
             execute(run, run_env, out)
-        with contextlib.suppress(OSError, ValueError):
-            with open(report) as f:
-                patched.report = json.load(f)
+            runs.append((run, report))
+        for run, report in runs:
+            with contextlib.suppress(OSError, ValueError):
+                with open(report) as f:
+                    run.report = json.load(f)
     out.write("\n" + table(stock, patched) + "\n")
+    more = [compiled] if try_compile else []
+    times = breakdown_text(stock, patched, *more)
+    if times:
+        out.write("\n" + times + "\n")
+    if plot:
+        out.write(draw(plot, stock, patched, *more) + "\n")
     out.flush()
-    code = next((r.exit_code for r in (stock, patched) if r.exit_code), 0)
+    code = next((r.exit_code for r in (stock, patched, *more) if r.exit_code), 0)
     return code if code > 0 else (1 if code else 0)  # a run killed by a signal: 1
 
 

@@ -40,6 +40,7 @@ OPTIONS: dict[str, str] = {
     "fast_dropout": "bool",
     "malloc_reuse": "bool",
     "cuda_to_cpu": "bool",
+    "breakdown": "bool",
 }
 
 _DEFAULTS: dict[str, Any] = {
@@ -53,6 +54,7 @@ _DEFAULTS: dict[str, Any] = {
     "fast_dropout": True,
     "malloc_reuse": True,
     "cuda_to_cpu": False,
+    "breakdown": False,
 }
 
 
@@ -117,6 +119,7 @@ class Config:
     fast_dropout: bool  # dropout masks in an accelerated training forward from a faster generator
     malloc_reuse: bool  # glibc malloc keeps freed memory for reuse (no other allocator loaded)
     cuda_to_cpu: bool  # a script written for a CUDA GPU runs on the CPU (its CUDA calls redirected)
+    breakdown: bool  # time the run: waiting for data, forward + backward, the optimizer step, the rest
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 

@@ -293,7 +293,8 @@ class internal:
         _local.internal -= 1
 
 
-def _internal_now() -> bool:
+def internal_now() -> bool:
+    """Whether this thread runs nanopatch's own steps (inside :class:`internal`)."""
     return getattr(_local, "internal", 0) > 0
 
 
@@ -347,7 +348,7 @@ class Recorder:
 
         def optimizer_init(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             init.__get__(optimizer, type(optimizer))(*args, **kwargs)  # bound: a wrapper of it sees the instance
-            if not _internal_now():
+            if not internal_now():
                 known.add(optimizer)
 
         optimizer_init.__wrapped__ = init  # type: ignore[attr-defined]
@@ -357,7 +358,7 @@ class Recorder:
         recorder = self
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not _internal_now():
+            if not internal_now():
                 recorder._note_loss(tensors)
                 recorder._wrap_instance_steps()
             return original(tensors, *args, **kwargs)
@@ -412,14 +413,14 @@ class Recorder:
         return step
 
     def _global_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if _internal_now():
+        if internal_now():
             return
         self._known.add(optimizer)
         if optimizer not in self._wrapped:
             self._pre(optimizer)
 
     def _global_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if not _internal_now() and optimizer not in self._wrapped:
+        if not internal_now() and optimizer not in self._wrapped:
             self._post(optimizer)
 
     def track(self, optimizer: Any) -> None:

@@ -7,17 +7,19 @@ import re
 
 import pytest
 
-from nanopatch import compare
+from nanopatch import compare, cpu
 
 from conftest import child_env, run_python
 
 SCRIPT = """
 import json, os, sys
-patched = "nanopatch" in sys.modules and sys.modules["nanopatch"].is_patched()
+np = sys.modules.get("nanopatch")
+options = np.status()["options"] if np and np.is_patched() else {}
+patched = bool(options) and options["training"]["value"]  # accelerated, not only timed
 info = {"argv": sys.argv[1:], "patched": patched, "hashseed": os.environ.get("PYTHONHASHSEED")}
+info["timed"] = bool(options) and options["breakdown"]["value"]
 if patched:
-    import nanopatch
-    info["bf16"] = nanopatch.status()["options"]["bf16"]["value"]
+    info["bf16"] = options["bf16"]["value"]
 print("INFO " + json.dumps(info), flush=True)
 print("epoch 1/2: train loss 1.5000, val accuracy 40.00%, 10.0 images/s")
 print("step 9 loss=0.75 acc: 0.5", file=sys.stderr)
@@ -62,8 +64,15 @@ def test_both_runs_get_the_arguments_and_only_the_second_is_patched_with_the_opt
     proc = run_compare(tmp_path, "--no-bf16")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     seen = infos(proc.stdout)
-    assert seen["stock"] == {"argv": ["--epochs", "2", "x y"], "patched": False, "hashseed": "0"}
-    assert seen["nanopatch"] == {"argv": ["--epochs", "2", "x y"], "patched": True, "hashseed": "0", "bf16": False}
+    # both runs timed (the breakdown), only the second accelerated
+    assert seen["stock"] == {"argv": ["--epochs", "2", "x y"], "patched": False, "hashseed": "0", "timed": True}
+    assert seen["nanopatch"] == {
+        "argv": ["--epochs", "2", "x y"],
+        "patched": True,
+        "hashseed": "0",
+        "timed": True,
+        "bf16": False,
+    }
     rows = table_rows(proc.stdout)
     assert rows["exit code"] == ["0", "0", ""]
     assert rows["wall time"][0].endswith(" s") and rows["wall time"][2].endswith("x")
@@ -74,6 +83,16 @@ def test_both_runs_get_the_arguments_and_only_the_second_is_patched_with_the_opt
     assert "validation loss" not in rows  # neither run printed one
     assert rows["model accelerated"][1].startswith("no (the run reported nothing")  # it never imported torch
     assert "[stock] step 9 loss=0.75 acc: 0.5" in proc.stdout  # stderr shown too, with its run's name
+
+
+def test_with_no_breakdown_the_stock_run_is_plain_python(tmp_path):
+    proc = run_compare(tmp_path, "--no-breakdown")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = infos(proc.stdout)
+    assert seen["stock"] == {"argv": ["--epochs", "2", "x y"], "patched": False, "hashseed": "0", "timed": False}
+    assert seen["nanopatch"]["patched"] and not seen["nanopatch"]["timed"]
+    assert "== stock: " + str(tmp_path / "train.py") in proc.stdout
+    assert "Where the time went" not in proc.stdout
 
 
 @pytest.mark.parametrize("which", ["stock", "patched"])
@@ -249,10 +268,14 @@ def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cell = table_rows(proc.stdout)["model accelerated"][1]
-    assert cell.startswith("yes (Sequential: ") and re.search(r"bf16 (kept|off): measured .*bf16 [\d.]+ ms, fp32", cell)
     proc = run_python(["-m", "nanopatch", "-v", "--no-ipex", str(script), "--long"], cwd=tmp_path, env=child_env())
     assert proc.returncode == 0, proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if "trained:" in line]
+    if not cpu.host_facts().native_bf16:  # bf16 is off without a measurement: its products are emulated
+        assert cell.startswith("yes (Sequential: computed in float32") and "bf16" not in cell, cell
+        assert "computed in float32" in line and "measured" not in line, line
+        return
+    assert cell.startswith("yes (Sequential: ") and re.search(r"bf16 (kept|off): measured .*bf16 [\d.]+ ms, fp32", cell)
     assert re.search(r"bf16 (kept: measured|off: measured slower than fp32)", line), line
 
 

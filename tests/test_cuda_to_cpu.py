@@ -122,7 +122,7 @@ def test_a_ddp_script_for_two_gpus_runs_under_nproc_2_on_gloo(tmp_path):
 
 def test_compare_and_verify_run_the_stock_side_redirected(tmp_path):
     proc = _ok(run_python(["-m", "nanopatch", "--compare", "--cuda-to-cpu", str(CHECKPOINT)], cwd=tmp_path))
-    assert "== stock: -m nanopatch._cuda_stock" in proc.stdout
+    assert "== stock: -m nanopatch._stock --cuda-to-cpu --breakdown" in proc.stdout
     assert proc.stdout.count("checkpoint round trip ok") == 2
     proc = _ok(run_python(["-m", "nanopatch", "--verify", "6", "--cuda-to-cpu", str(AMP_LOOP)], cwd=tmp_path))
     assert "verdict: learns as stock" in proc.stdout

@@ -1,0 +1,123 @@
+"""What nanopatch's ``breakdown`` option (the run's time split by a clock per batch and per
+optimizer step, on under ``--compare`` and ``-v``) costs a training step.
+
+Two loops, each over a DataLoader of generated tensors with SGD: a tiny MLP (a step of a few
+hundred microseconds, where a fixed cost per step weighs most) and a small CNN. Each round
+times the same steps with the option off and on, in the same process (the order rotated each
+round, nothing else of nanopatch applied), and the medians give the cost per step in
+microseconds and as a share of the step. The target (issue 26): under 1% of a step.
+
+    python bench/breakdown_cost.py [--rounds 7] [--steps 200] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import _harness as h  # bench/ is this script's folder, first on sys.path
+
+TARGET_SHARE = 0.01
+BATCH = 32
+WARMUP_STEPS = 20
+
+
+def loops() -> dict:
+    """name -> (model, a DataLoader of batches for it)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 10),
+    )
+    n = 4096
+    labels = torch.randint(0, 10, (n,))
+    return {
+        "tiny MLP": (mlp, DataLoader(TensorDataset(torch.randn(n, 64), labels), batch_size=BATCH, shuffle=True)),
+        "small CNN": (cnn, DataLoader(TensorDataset(torch.randn(n, 3, 32, 32), labels), batch_size=BATCH)),
+    }
+
+
+def run_steps(model, loader, steps: int) -> float:
+    """Seconds per step over ``steps`` steps (the loader restarted as it runs out)."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    done, start = 0, time.perf_counter()
+    while done < steps:
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            done += 1
+            if done == steps:
+                break
+    return (time.perf_counter() - start) / steps
+
+
+def measure(rounds: int, steps: int) -> dict[str, dict[str, list[float]]]:
+    import nanopatch
+
+    times: dict[str, dict[str, list[float]]] = {}
+    options = {"training": False, "vision": False, "data_parallel": False}
+    for name, (model, loader) in loops().items():
+        times[name] = {"off": [], "on": []}
+        for mode in ("off", "on"):  # warm-up, untimed
+            with nanopatch.patched(breakdown=mode == "on", **options):
+                run_steps(model, loader, WARMUP_STEPS)
+        for index in range(rounds):
+            for mode in h.rotated(["off", "on"], index):
+                with nanopatch.patched(breakdown=mode == "on", **options):
+                    times[name][mode].append(run_steps(model, loader, steps))
+    return times
+
+
+def rows(times: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """Rate: microseconds per step; ratio: off's step time / on's (1.00x: no cost)."""
+    out = []
+    for name, modes in times.items():
+        off = statistics.median(modes["off"])
+        for mode, samples in modes.items():
+            median = statistics.median(samples)
+            cost = median - off
+            note = None if mode == "off" else f"cost {cost * 1e6:+.1f} us a step ({cost / off:+.2%} of it)"
+            out.append(
+                h.row("breakdown_cost", name, f"breakdown {mode}", median * 1e6, "us/step", off / median,
+                      stock=mode == "off", rates=[s * 1e6 for s in samples], note=note)
+            )  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per loop, mode and round")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    times = measure(args.rounds, args.steps)
+    table = rows(times)
+    if args.json:
+        report = {"machine": h.machine_facts(), "python": sys.executable, "rounds": args.rounds, "steps": args.steps}
+        print(json.dumps({**report, "samples_s": times, "rows": table}, indent=2))
+        return 0
+    print(f"{'loop':<12}{'breakdown':>10}{'median':>14}  cost (target: under {TARGET_SHARE:.0%} of a step)")
+    for r in table:
+        print(f"{r['group']:<12}{r['variant'].split()[-1]:>10}{r['rate']:>11.1f} us  {r.get('note') or ''}")
+    print(f"({args.rounds} interleaved rounds of {args.steps} steps, batch {BATCH}, {sys.executable})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
