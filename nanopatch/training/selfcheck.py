@@ -291,6 +291,9 @@ def probe_forward(dtype: torch.dtype | None, rank: int | None) -> str | None:
 
     g = torch.Generator().manual_seed(11)
     x, labels = torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
+    # the probe's convolution is 2-D: a model with 3-D ones (rank 5) is vouched for by the same
+    # machinery in channels-last of rank 4 (its key, "channels-last", is shared by both ranks)
+    rank = None if rank is None else 4
 
     def run(accelerated: bool) -> tuple[torch.Tensor, list]:
         model = _ForwardProbe()
