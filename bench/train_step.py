@@ -468,26 +468,35 @@ def learning_steps(job: Job, steps: int) -> tuple[list[dict[str, Any]], list[flo
 
 #: the roof: torch's ROOF_N x ROOF_N matrix product, timed ROOF_REPS times per dtype (median)
 ROOF_N, ROOF_REPS = 2048, 12
+#: a dtype whose PROBE_N-square product runs below SLOW_RATE FLOP/s (bf16 emulated on a CPU
+#: without native bf16: under 1 GFLOP/s, a 2048-square product taking a minute) is timed at PROBE_N
+PROBE_N, SLOW_RATE = 512, 5e9
 
 
 def matmul_rates() -> dict[str, float]:
     """This machine's matrix-product rate in FLOP/s, bf16 and fp32: the median of
     :data:`ROOF_REPS` timed ``torch.mm`` of two :data:`ROOF_N`-square matrices, after a warm-up,
-    with the worker's threads. The roof a training step's model FLOP/s are read against."""
+    with the worker's threads. The roof a training step's model FLOP/s are read against. A
+    dtype that a :data:`PROBE_N`-square product shows to be far slower (emulated) is timed at
+    that size, 3 times."""
     import torch
 
-    rates = {}
-    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
-        a, b = (torch.randn(ROOF_N, ROOF_N).to(dtype) for _ in range(2))
-        out = torch.empty(ROOF_N, ROOF_N, dtype=dtype)
-        for _ in range(3):
+    def timed(n: int, dtype: torch.dtype, warmup: int, reps: int) -> float:
+        a, b = (torch.randn(n, n).to(dtype) for _ in range(2))
+        out = torch.empty(n, n, dtype=dtype)
+        for _ in range(warmup):
             torch.mm(a, b, out=out)
         took = []
-        for _ in range(ROOF_REPS):
+        for _ in range(reps):
             start = time.perf_counter()
             torch.mm(a, b, out=out)
             took.append(time.perf_counter() - start)
-        rates[name] = 2 * ROOF_N**3 / statistics.median(took)
+        return 2 * n**3 / statistics.median(took)
+
+    rates = {}
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        probe = timed(PROBE_N, dtype, 1, 1)
+        rates[name] = timed(PROBE_N, dtype, 0, 3) if probe < SLOW_RATE else timed(ROOF_N, dtype, 3, ROOF_REPS)
     return rates
 
 
