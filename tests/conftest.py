@@ -14,6 +14,9 @@ from nanopatch import config, cpu
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
+#: what a model left to nanopatch computes in on this CPU: bf16 where it is native (avx512_bf16,
+#: AMX); fp32 on one without (an AMD EPYC with AVX2 alone), where bf16 would be emulated
+AUTO_COMPUTE = "bfloat16" if cpu.host_facts().native_bf16 else "float32"
 
 
 def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:

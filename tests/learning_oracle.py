@@ -107,6 +107,7 @@ def accelerated(models: list[dict[str, Any]]) -> bool:
         notes = " ".join(model.get("notes", []))
         if (
             model.get("computed_in") == "bfloat16"
+            or model.get("fast_dropout")
             or model.get("ipex")
             or model.get("channels_last")
             or " step" in notes

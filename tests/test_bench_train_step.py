@@ -32,7 +32,7 @@ def tiny_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict[s
     out = tmp_path_factory.mktemp("train_step") / "train_step.json"
     script = str(REPO_ROOT / "bench" / "train_step.py")
     args = [script, "--quick", "--models", "tiny", "--variants", ",".join(RUN), "--rounds", "1"]
-    proc = run_python([*args, "--profile", "1", "--json", str(out)], cwd=REPO_ROOT, timeout=180)
+    proc = run_python([*args, "--profile", "1", "--json", str(out)], cwd=REPO_ROOT, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -190,8 +190,9 @@ def test_profile(tiny_run):
             (op["self_ms"] for op in ops), reverse=True
         )
         assert all(op["name"] and op["calls"] > 0 and 0 <= op["share"] for op in ops)
-        # aten::convolution_backward, or torch_ipex::convolution_backward where IPEX is usable
-        assert any(op["name"].endswith("::convolution_backward") for op in ops), ops
+        # aten::convolution_backward, or torch_ipex::convolution_backward where IPEX is usable, or
+        # aten::_slow_conv2d_backward (bf16 on a CPU without native bf16, where oneDNN has no kernel)
+        assert any(op["name"].endswith(("::convolution_backward", "::_slow_conv2d_backward")) for op in ops), ops
         conversion = profile["conversion"]
         assert 0 <= conversion["ms"] <= conversion["copy_all"]["ms"]
         assert conversion["copy_unknown_dtypes"]["ms"] == 0  # every aten::copy_ had its dtypes recorded

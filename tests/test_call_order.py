@@ -36,7 +36,7 @@ CASES = {
         nanopatch.patch_torch()
         assert "torch" not in sys.modules and "torchvision" not in sys.modules
         states = {n: t["state"] for n, t in nanopatch.status()["targets"].items()}
-        off = {"cuda_to_cpu": "disabled", "cuda_extensions": "disabled"}  # off unless asked for
+        off = {"cuda_to_cpu": "disabled", "cuda_extensions": "disabled", "breakdown": "disabled"}  # unless asked for
         assert states == {**off, "vision": "pending", "demo-vision": "pending", "demo-training": "pending"}, states
         import torchvision.transforms as T  # imports torch too: both hooks fire
         demo_targets.assert_patched()

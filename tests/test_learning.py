@@ -21,6 +21,8 @@ import nanopatch
 from nanopatch import config
 from nanopatch.learning import Tolerance
 
+from conftest import AUTO_COMPUTE
+
 #: optimizer steps per run (the issue's "loss within 5% at step 12")
 STEPS = 12
 
@@ -183,7 +185,7 @@ def train_gan(iterations: int = STEPS // 2) -> None:
 def test_a_gan_with_two_optimizers_learns_as_stock():
     outcome = learns_as_stock(train_gan, min_steps=STEPS)
     assert [s.optimizer for s in outcome.stock[:2]] == ["Adam", "Adam#2"]
-    assert len([m for m in outcome.models if m.get("computed_in") == "bfloat16"]) == 2, outcome.models
+    assert len([m for m in outcome.models if m.get("computed_in") == AUTO_COMPUTE]) == 2, outcome.models
 
 
 def tiny_bert(transformers):

@@ -124,7 +124,9 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
         "fast_dropout",
         "malloc_reuse",
         "cuda_to_cpu",
+        "breakdown",
     }
+    assert status["breakdown"] is None  # the option is off
     import json
 
     json.dumps(status)  # plain data only

@@ -212,15 +212,15 @@ if nanopatch.status()["options"]["vision"]["value"]:
 print("RESULT " + json.dumps({"patched": nanopatch.is_patched(), "states": states}))
 """
 
-#: the --cuda-to-cpu targets are off unless asked for
-CUDA_OFF = {"cuda_to_cpu": "disabled", "cuda_extensions": "disabled"}
+#: the --cuda-to-cpu targets and the breakdown are off unless asked for
+OFF = {"cuda_to_cpu": "disabled", "cuda_extensions": "disabled", "breakdown": "disabled"}
 
 
 @pytest.mark.parametrize(
     "options, states",
     [
-        ([], {**CUDA_OFF, "vision": "patched", "demo-vision": "patched", "demo-training": "patched"}),
-        (["--no-vision"], {**CUDA_OFF, "vision": "disabled", "demo-vision": "disabled", "demo-training": "patched"}),
+        ([], {**OFF, "vision": "patched", "demo-vision": "patched", "demo-training": "patched"}),
+        (["--no-vision"], {**OFF, "vision": "disabled", "demo-vision": "disabled", "demo-training": "patched"}),
     ],
     ids=["default", "no-vision"],
 )

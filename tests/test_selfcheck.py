@@ -188,7 +188,8 @@ def test_the_replay_probe_runs_only_where_checkpointing_is_used():
             optimizer.step()
         [plan] = nanopatch.status()["targets"]["training"]["details"]
         keys = [c["key"] for c in nanopatch.status()["targets"]["training"]["self_checks"]]
-        print(plan["fast_dropout"], "fast_dropout/bf16" in keys, any(k.startswith("fast_dropout/replay") for k in keys))
+        probed = f"fast_dropout/{'bf16' if plan['computed_in'] == 'bfloat16' else 'fp32'}" in keys
+        print(plan["fast_dropout"], probed, any(k.startswith("fast_dropout/replay") for k in keys))
     """
     proc = run_python(code, check=True)
     assert proc.stdout.split()[-3:] == ["True", "True", "False"], proc.stdout + proc.stderr
