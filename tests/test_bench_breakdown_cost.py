@@ -23,3 +23,6 @@ def test_it_times_both_loops_with_the_option_off_and_on():
         assert ("note" not in r) == (r["variant"] == "breakdown off")
         if "note" in r:
             assert r["note"].startswith("cost ") and " us a step (" in r["note"]
+        else:
+            assert r["hook_share"] > 0  # the hooks' own time, measured directly, against the step
+    assert report["hook_cost_s"]["batch"] > 0 and report["hook_cost_s"]["step"] > 0
