@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from test_compare import table_rows
 from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, Dataset, dataloader
 
@@ -260,15 +261,7 @@ if __name__ == "__main__":
 
 
 def breakdown_rows(stdout: str) -> dict[str, list[str]]:
-    lines = stdout.splitlines()
-    start = lines.index("Where the time went (nanopatch.breakdown: wall time from torch's import to the end)")
-    rows = {}
-    for line in lines[start + 4 :]:
-        if "|" not in line:
-            break
-        cells = [c.strip() for c in line.split("|")]
-        rows[cells[0]] = cells[1:]
-    return rows
+    return table_rows(stdout, "Where the time went (nanopatch.breakdown: wall time from torch's import to the end)")
 
 
 @pytest.mark.parametrize("workers", [0, 2])

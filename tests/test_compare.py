@@ -48,9 +48,11 @@ def infos(stdout):
     return found
 
 
-def table_rows(stdout):
+def table_rows(stdout, title=None):
+    """The rows of the first side-by-side table, or of the first one after the line ``title``."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(" ") and "| stock" in line)
+    after = 0 if title is None else lines.index(title)
+    start = next(i for i, line in enumerate(lines) if i >= after and line.startswith(" ") and "| stock" in line)
     rows = {}
     for line in lines[start + 2 :]:
         if "|" not in line:

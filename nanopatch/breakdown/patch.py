@@ -42,9 +42,7 @@ class _Loader:
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
-        self.batches = 0
         self.training_batches = 0
-        self.wait = 0.0
         self.batch_size = 0  # the largest batch seen
 
 
@@ -75,8 +73,6 @@ class _Meter:
                 self.pending[1] += asked - self.last  # computing on the previous batch (accumulating)
             elif loader is not self.latest:
                 self.pending = [0.0, 0.0, 0]  # another loader's batches (an evaluation's): the rest
-            loader.batches += 1
-            loader.wait += got - asked
             loader.batch_size = max(loader.batch_size, samples or 0)
             self.pending[0] += got - asked
             self.pending[2] += samples or 0
