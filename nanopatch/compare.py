@@ -289,11 +289,11 @@ def breakdown_text(stock: Run, patched: Run, *more: Run) -> str:
     lines = ["Where the time went (nanopatch.breakdown: wall time from torch's import to the end)", ""]
     lines.extend(_aligned(("", *(run.name for run in runs), "speedup"), rows))
     unseen = [run.name for run, t in zip(runs, times, strict=True) if t and not t["steps"]]
-    if unseen:  # IPEX's optimize replaces the optimizer's step on the instance: torch's hooks miss it
+    if unseen:  # a script's own ipex.optimize replaces the optimizer's step on the instance: torch's hooks miss it
         lines += [
             "",
             f"No optimizer step was seen in {', '.join(unseen)}: all its time counts as start-up (an optimizer "
-            "whose step was replaced on the instance, as ipex.optimize does, is not timed)",
+            "whose step the script replaced on the instance, as its own ipex.optimize call does, is not timed)",
         ]
     advice = list((times[1] or {}).get("advice") or [])
     if more:

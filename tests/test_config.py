@@ -51,6 +51,25 @@ def test_ipex_compatibility_from_metadata(machine, ipex, torch, expected, reason
 
 
 @pytest.mark.parametrize(
+    ("flags", "can"),
+    [
+        ({"avx2", "fma"}, False),  # an AMD EPYC with AVX2 alone
+        ({"avx2", "avx512f", "avx512bw", "avx512vl"}, False),
+        ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, True),  # Skylake-SP and later
+        ({"avx2", "avx_ne_convert"}, True),
+        (set(), True),  # no cpuinfo: IPEX's own check decides
+    ],
+)
+def test_ipex_bf16_needs_the_instructions_of_its_weight_prepack(flags, can):
+    from nanopatch.training import ipex
+
+    why = ipex.bf16_cpu_why_not(frozenset(flags))
+    assert (why is None) is can
+    if not can:
+        assert "avx512bw, avx512vl and avx512dq or avx_ne_convert" in why
+
+
+@pytest.mark.parametrize(
     ("transformers", "expected"), [(None, True), ("4.57.6", True), ("5.0.0", False), ("5.24.0", False)]
 )
 def test_ipex_2_8_is_not_imported_next_to_transformers_5(machine, monkeypatch, transformers, expected):

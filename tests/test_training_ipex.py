@@ -16,6 +16,7 @@ from test_training_numerics import shifted_templates_task, small_net, train_and_
 
 import nanopatch
 from nanopatch import NanopatchWarning, config
+from nanopatch.training import ipex as ipex_mod
 from nanopatch.training import patch as training
 
 COMPATIBLE, WHY = config.ipex_compatibility()
@@ -26,19 +27,26 @@ if not COMPATIBLE:
 
 torchvision = pytest.importorskip("torchvision")
 
+# IPEX's bf16 needs instructions some CPUs lack (an AMD EPYC with AVX2 alone): there nanopatch
+# uses IPEX in fp32 only, and the tests of the IPEX path run it in fp32
+IPEX_BF16_WHY_NOT = ipex_mod.bf16_cpu_why_not()
+IPEX_BF16 = IPEX_BF16_WHY_NOT is None
+needs_ipex_bf16 = pytest.mark.skipif(not IPEX_BF16, reason=f"IPEX bf16: {IPEX_BF16_WHY_NOT}")
+IPEX_DTYPE = torch.bfloat16 if IPEX_BF16 else torch.float32
+
 
 @pytest.fixture(autouse=True)
 def _clean_state():
     nanopatch.unpatch_torch()
     yield
     # An IPEX bf16 model cannot be un-optimized; unpatch says so once per model.
-    with pytest.warns(NanopatchWarning) if _ipex_models() else _nothing():
+    with pytest.warns(NanopatchWarning) if _ipex_bf16_models() else _nothing():
         nanopatch.unpatch_torch()
     training.plans.clear()
 
 
-def _ipex_models() -> bool:
-    return any(plan.ipex and plan.installed for plan in training.plans.values())
+def _ipex_bf16_models() -> bool:
+    return any(plan.ipex and plan.installed and plan.amp_dtype is not None for plan in training.plans.values())
 
 
 class _nothing:
@@ -64,7 +72,7 @@ def test_auto_detection_turns_ipex_on():
 
 
 def test_resnet18_is_ipex_optimized_with_its_optimizer():
-    nanopatch.patch_torch(bf16=True, ipex=True)
+    nanopatch.patch_torch(bf16=IPEX_BF16, ipex=True)
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -76,9 +84,9 @@ def test_resnet18_is_ipex_optimized_with_its_optimizer():
     out = _steps(model, optimizer, torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)), 2)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     [plan] = nanopatch.status()["targets"]["training"]["details"]
-    assert plan["ipex"] is True and plan["bf16"] is True
+    assert plan["ipex"] is True and plan["bf16"] is IPEX_BF16
     assert type(model.conv1).__module__.startswith("intel_extension_for_pytorch"), type(model.conv1)
-    assert seen == [(torch.bfloat16, True)] * 2, seen  # IPEX lays convolutions out channels-last
+    assert seen == [(IPEX_DTYPE, True)] * 2, seen  # IPEX lays convolutions out channels-last
     # IPEX's master weights come back as fp32 in the user's state_dict
     assert model.state_dict()["conv1.weight"].dtype == torch.float32
 
@@ -92,7 +100,7 @@ def test_ipex_checkpoint_loads_into_stock_and_resumes_under_the_patch():
         model = small_net()
         return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    nanopatch.patch_torch(bf16=True, ipex=True)
+    nanopatch.patch_torch(bf16=IPEX_BF16, ipex=True)
     model, optimizer = build()
     model.train()
     for x, y in batches[:2]:
@@ -131,6 +139,7 @@ def test_ipex_checkpoint_loads_into_stock_and_resumes_under_the_patch():
         _steps(stock, stock_opt, *batches[2], 1)
 
 
+@needs_ipex_bf16
 def test_an_ipex_model_keeps_working_after_unpatch():
     nanopatch.patch_torch(bf16=True, ipex=True)
     model = small_net()
@@ -159,6 +168,7 @@ def test_optimizers_ipex_cannot_fuse_take_the_native_path():
     assert "forward" not in model.__dict__
 
 
+@needs_ipex_bf16
 def test_ipex_bf16_run_learns_as_well_as_fp32():
     data = shifted_templates_task()
     stock = train_and_score(data)
@@ -219,9 +229,11 @@ def test_lightning_trainer_use_ipex_optimizes_the_module_before_lightnings_closu
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     (line,) = result["lines"]
     assert "IPEX" in line and "IPEX not used" not in line and "channels-last" in line, line
-    assert ("computed in bfloat16" in line) == (precision == "bf16"), line
+    # without native bf16 the Trainer runs precision="bf16" in fp32 (BigDL-Nano's fallback)
+    bf16 = precision == "bf16" and nanopatch.cpu.host_facts().native_bf16
+    assert ("computed in bfloat16" in line) == bf16, line
     assert len(result["seen"]) == 2 and all(channels_last for channels_last, _ in result["seen"])
-    assert all(bf16 == (precision == "bf16") for _, bf16 in result["seen"])
+    assert all(seen_bf16 == bf16 for _, seen_bf16 in result["seen"])
 
 
 NANO_SCRIPT = """
@@ -259,8 +271,33 @@ def test_torchnano_use_ipex_optimizes_the_model_before_fabric_wraps_it(tmp_path)
     proc = run_python([str(script)], env=child_env(), timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (line,) = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert "IPEX" in line and "IPEX not used" not in line and "computed in bfloat16" in line, line
+    assert "IPEX" in line and "IPEX not used" not in line, line
+    # without native bf16 TorchNano runs precision="bf16" in fp32 (BigDL-Nano's fallback)
+    assert ("computed in bfloat16" in line) == nanopatch.cpu.host_facts().native_bf16, line
     assert "use_ipex=True, but IPEX optimized no model" not in proc.stderr
+
+
+@pytest.mark.skipif(IPEX_BF16, reason="this CPU has what IPEX's bf16 needs")
+def test_a_bf16_model_takes_the_native_path_where_ipex_has_no_bf16_and_fp32_keeps_ipex():
+    """On a CPU without the instructions IPEX's bf16 weight prepack needs, ``ipex.optimize`` in
+    bf16 fails: nanopatch does not try it (its self-check would fail on IPEX's assertion), the
+    model computes in bf16 on torch's own kernels, and the note says why."""
+    x, y = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3])
+    nanopatch.patch_torch(bf16=True, ipex=True)
+    model = small_net()
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = _steps(model, model_opt := torch.optim.SGD(model.parameters(), lr=0.05), x, y, 2)
+    plan = training.plans[model]
+    assert not plan.ipex and plan.amp_dtype == torch.bfloat16 and seen == [torch.bfloat16] * 2, seen
+    assert out.dtype == torch.float32 and all(p.grad is not None for p in model.parameters())
+    assert any("IPEX not used: its bf16 weight prepack needs avx512bw" in note for note in plan.notes), plan.notes
+    del model_opt
+    nanopatch.unpatch_torch()
+    nanopatch.patch_torch(bf16=False, ipex=True)
+    model = small_net()
+    _steps(model, torch.optim.SGD(model.parameters(), lr=0.05), x, y, 1)
+    assert training.plans[model].ipex
 
 
 TWO_CORES = len(nanopatch.cpu.host_facts().cores) >= 2
@@ -314,3 +351,26 @@ def test_use_ipex_with_two_processes(tmp_path, api):
         stock.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     else:
         assert {v.dtype for v in ranks[0]["weights"].values() if v.is_floating_point()} == {torch.float32}
+
+
+def test_the_breakdown_times_ipexs_own_step_and_unpatch_gives_it_back():
+    """``ipex.optimize`` gives the optimizer a fused step of its own, past torch's step hooks:
+    the breakdown times it all the same, and unpatch leaves IPEX's step on the optimizer."""
+    nanopatch.patch_torch(bf16=False, ipex=True, breakdown=True)
+    model = small_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 1, 16, 16), torch.randint(0, 10, (32,)))
+    model.train()
+    for x, y in torch.utils.data.DataLoader(data, batch_size=4):
+        _steps(model, optimizer, x, y, 1)
+        if not training.plans[model].ipex:
+            break
+    assert training.plans[model].ipex
+    timed = optimizer.__dict__["step"]
+    assert timed.__module__ == "nanopatch.training.optim", timed
+    report = nanopatch.status()["breakdown"]
+    assert report["steps"] == 8 and report["samples"] == 28 and report["optimizer_s"] > 0, report
+    nanopatch.unpatch_torch()
+    own = optimizer.__dict__["step"]
+    assert own is not timed and own.__module__.startswith("intel_extension_for_pytorch"), own
+    _steps(model, optimizer, x, y, 1)  # IPEX's step, as IPEX left it

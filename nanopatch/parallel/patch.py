@@ -48,6 +48,7 @@ from torch.utils import data as tud
 
 from .. import _patching
 from .._log import log_once
+from ..training import ipex
 from ..training import patch as training
 from ..training.optim import around_step
 from ..training.plan import local as training_local
@@ -351,6 +352,12 @@ def _cover_instance_step(optimizer: Any) -> None:
     _patching.set_on(TARGET, optimizer, "step", step)
 
 
+def _ipex_step(optimizer: Any) -> None:
+    """Covered as soon as IPEX gives it (before a target applied after this one wraps it too)."""
+    if active() and not _is_internal():
+        _cover_instance_step(optimizer)
+
+
 def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False) -> tuple | None:
     if not active() or _is_internal() or (optimizer in _instance_steps and not instance):
         return None
@@ -466,6 +473,7 @@ def patch(config: Any) -> None:
         optimizer_mod.register_optimizer_step_post_hook(_post_step),
     ):
         _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (data-parallel)")
+    ipex.on_instance_step(TARGET, _ipex_step)
 
 
 def unpatch() -> None:

@@ -188,7 +188,7 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
     lib = ipex.load()
     if lib is None:
         return "IPEX cannot be loaded"
-    why = ipex.why_not(model, optimizer, lib)
+    why = ipex.why_not(model, optimizer, lib, bf16)
     if why is not None:
         return why
     if not selfcheck.ipex_ok(optimizer, bf16):
@@ -273,7 +273,7 @@ def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, b
     elif tls("stepping", 0):
         why = "the model was found inside optimizer.step(closure), where IPEX cannot replace the step"
     else:
-        why = ipex.why_not(model, optimizer, lib)
+        why = ipex.why_not(model, optimizer, lib, bf16)
         if why is None and not selfcheck.ipex_ok(optimizer, bf16):
             why = f"it failed nanopatch's self-check on torch {torch.__version__}"
     if why is not None:

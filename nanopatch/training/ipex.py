@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 from torch import nn
 
-from .. import config
+from .. import _patching, config, cpu
 from .._log import log_once
+
+#: called, in the order the targets were applied, with each optimizer ``ipex.optimize`` gave an
+#: instance-level ``step`` (its fused one), which torch's optimizer step hooks never see
+_instance_step_listeners: list[Callable[[torch.optim.Optimizer], None]] = []
+
+# IPEX prepacks bf16 weights for oneDNN only with these instructions; elsewhere
+# ``ipex.optimize(..., dtype=torch.bfloat16)`` raises an AssertionError.
+_BF16_PREPACK_FLAGS = (("avx512bw", "avx512vl", "avx512dq"), ("avx_ne_convert",))
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,8 +57,16 @@ def fusable_optimizers(ipex: ModuleType) -> tuple[type, ...]:
     return tuple(IPEX_FUSED_OPTIMIZER_LIST_CPU)
 
 
-def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType) -> str | None:
-    """Why IPEX should not optimize this pair, or None when it can."""
+def bf16_cpu_why_not(flags: frozenset[str] | None = None) -> str | None:
+    """Why IPEX cannot optimize for bf16 on this CPU (``flags``: the CPU's), or None when it can."""
+    flags = cpu.host_facts().flags if flags is None else flags
+    if not flags or any(all(f in flags for f in need) for need in _BF16_PREPACK_FLAGS):
+        return None  # unknown flags (not Linux): IPEX's own check decides
+    return "its bf16 weight prepack needs avx512bw, avx512vl and avx512dq or avx_ne_convert, which this CPU lacks"
+
+
+def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType, bf16: bool) -> str | None:
+    """Why IPEX should not optimize this pair (for bf16 when ``bf16``), or None when it can."""
     if type(optimizer) not in fusable_optimizers(ipex):
         return f"IPEX cannot fuse {type(optimizer).__name__} on CPU"
     model_params = {id(p) for p in model.parameters()}
@@ -59,7 +76,7 @@ def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType
                 return "the optimizer also holds parameters of another model"
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 return f"a parameter is {p.dtype} on {p.device.type}, not float32 on cpu"
-    return None
+    return bf16_cpu_why_not() if bf16 else None
 
 
 def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, bf16: bool) -> None:
@@ -75,3 +92,15 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, bf16: bool) -> 
         ipex.optimize(model, optimizer=optimizer, dtype=dtype, inplace=True)
     finally:
         ipex_logger.setLevel(level)
+    if "step" in optimizer.__dict__:
+        for listener in list(_instance_step_listeners):
+            listener(optimizer)
+
+
+def on_instance_step(target: str, listener: Callable[[torch.optim.Optimizer], None]) -> None:
+    """Have ``listener(optimizer)`` called, while ``target`` is applied, for each optimizer IPEX
+    gives a step of its own, so that it can wrap that step as torch's hooks would have seen it.
+    Targets wrap in the order they were applied and are undone the other way round, so each
+    wrapper is restored to what it wrapped."""
+    _instance_step_listeners.append(listener)
+    _patching.on_undo(target, lambda: _instance_step_listeners.remove(listener), "IPEX instance-step listener")
