@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import gc
 import importlib
 import logging
 import sys
@@ -375,16 +376,37 @@ def replace_everywhere(original: Any, new: Any, package: str) -> list[str]:
     (where it is defined and every namespace that re-exports it). Returns the places."""
     target = _current_target()
     places = []
-    prefix = package + "."
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == package or module_name.startswith(prefix)):
-            continue
-        namespace = getattr(module, "__dict__", {})
-        for attr, value in list(namespace.items()):
-            if value is original:
-                _journal.replace(target, module, attr, new)
-                places.append(f"{module_name}.{attr}")
+    for module_name, module, attr in _bindings(package).get(id(original), ()):
+        if getattr(module, "__dict__", {}).get(attr) is original:
+            _journal.replace(target, module, attr, new)
+            places.append(f"{module_name}.{attr}")
     return places
+
+
+#: package -> (len(sys.modules) when built, id(value) -> where the package's modules bind it);
+#: built once while a target is applied, which may replace dozens of functions
+_binding_index: dict[str, tuple[int, dict[int, list[tuple[str, Any, str]]]]] = {}
+
+
+def _bindings(package: str) -> dict[int, list[tuple[str, Any, str]]]:
+    cached = _binding_index.get(package)
+    if cached is not None and cached[0] == len(sys.modules):
+        return cached[1]
+    index: dict[int, list[tuple[str, Any, str]]] = {}
+    prefix = package + "."
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of small entries would set off full collections meanwhile
+    try:
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not (module_name == package or module_name.startswith(prefix)):
+                continue
+            for attr, value in list(getattr(module, "__dict__", {}).items()):
+                index.setdefault(id(value), []).append((module_name, module, attr))
+    finally:
+        if collecting:
+            gc.enable()
+    _binding_index[package] = (len(sys.modules), index)
+    return index
 
 
 def wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
@@ -488,6 +510,7 @@ def _apply_target(target: Target) -> None:
         return
     finally:
         _current.reset(token)
+        _binding_index.clear()  # the index holds modules and ids: only for one target's patch
     _applied.append(target.name)
     count = len(_journal.records(target.name))
     _states[target.name] = ("patched", f"{count} attribute(s) replaced")

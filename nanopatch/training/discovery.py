@@ -653,8 +653,16 @@ def scan() -> None:
     ``patched()`` region)."""
     import gc
 
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.optim.Optimizer):  # type(): no __class__ lookup on proxies
+    classes, todo = {torch.optim.Optimizer}, [torch.optim.Optimizer]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in classes:
+                classes.add(sub)
+                todo.append(sub)
+    # An instance of a class defined in Python refers to its class, so the collector's own walk
+    # finds them (in C: several times faster than testing every object, on each patched()).
+    for obj in gc.get_referrers(*classes):
+        if type(obj) in classes:  # type(): no __class__ lookup on proxies
             optimizers.add(obj)
     for optimizer in list(optimizers):
         track(optimizer)
