@@ -6,10 +6,13 @@ function; users must hear about each of them once per process, not once per call
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 
 logger = logging.getLogger("nanopatch")
 logger.addHandler(logging.NullHandler())
@@ -67,3 +70,25 @@ def configure_stderr(level: str | int) -> None:
         handler._nanopatch = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def warnings_from(module: str, action: str, message: str = "", category: type[Warning] = Warning) -> Iterator[None]:
+    """Inside, the warnings raised from ``module`` (a regular expression on the module that warns)
+    take ``action`` ("error" or "ignore"): for nanopatch's own probes and registrations. It does
+    what ``warnings.catch_warnings()`` with ``filterwarnings(...)`` would, without making Python
+    forget the warnings it has shown: any change of the filters through the warnings API clears
+    every module's record, and a warning the script raises once per place would print again. The
+    filter is put in front of the list and taken out again in place; "error" and "ignore" leave no
+    record behind."""
+    if action not in ("error", "ignore"):
+        raise ValueError(f"action must be 'error' or 'ignore', not {action!r}")
+    entry = (action, re.compile(message, re.I) if message else None, category, re.compile(module), 0)
+    warnings.filters.insert(0, entry)
+    try:
+        yield
+    finally:
+        for i, kept in enumerate(warnings.filters):
+            if kept is entry:
+                del warnings.filters[i]
+                break

@@ -92,3 +92,83 @@ def test_strict_turbojpeg_raises_libjpegs_warning_as_oserror(corpus):
     with pytest.raises(OSError, match="Corrupt JPEG data"):
         backend._tj.decode(data)
     assert backend.decode(data, 1, False) is None  # Pillow decides, as stock
+
+
+LOADER_SCRIPT = textwrap.dedent(
+    """
+    import sys, warnings
+    import numpy as np
+    import torch
+    import torchvision
+    from PIL import Image
+    from torchvision import transforms as T
+
+    root = sys.argv[1]
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(f"{root}/a/{i}.jpg")
+    # a shrink of one axis, 3 channels: nanopatch's resize checks its kernel on the first image,
+    # after the loader's first iterator has warned (pin_memory without an accelerator)
+    dataset = torchvision.datasets.ImageFolder(root, T.Compose([T.Resize((48, 40)), T.PILToTensor()]))
+    train = torch.utils.data.DataLoader(dataset, batch_size=2, pin_memory=True)
+    test = torch.utils.data.DataLoader(dataset, batch_size=2, pin_memory=True)
+    for epoch in range(2):
+        for images, labels in train:
+            warnings.warn("this old API is deprecated", FutureWarning)
+        for images, labels in test:
+            pass
+    torch.library.Library("nanopatch_test", "FRAGMENT")  # dropout's kernel is registered by now
+    if "nanopatch" in sys.modules:
+        from nanopatch.vision import _geometry
+        print("KERNEL CHECKED", _geometry._aa_into_usable.cache_info().misses)
+    """
+)
+
+
+def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings():
+    """nanopatch's probes that turn warnings into errors or ignore them (the resize kernel's
+    check, the kernel registrations) leave Python's record of the warnings already shown alone:
+    the loader's pin_memory warning and the loop's warning print once, as stock."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = []
+        for runner in ([], ["-m", "nanopatch"]):
+            root = Path(folder) / str(len(outputs)) / "images"
+            (root / "a").mkdir(parents=True)
+            script = root.parent / "train.py"
+            script.write_text(LOADER_SCRIPT)
+            proc = run_python([*runner, str(script), str(root)], env=child_env(), cwd=root.parent, timeout=240)
+            assert proc.returncode == 0, proc.stderr
+            outputs.append(proc)
+    stock, patched = outputs
+    assert "KERNEL CHECKED 1" in patched.stdout, patched.stdout
+    for text in ("FutureWarning: this old API is deprecated", "UserWarning: 'pin_memory' argument is set as true"):
+        assert stock.stderr.count(text) == 1, stock.stderr
+        assert patched.stderr.count(text) == 1, patched.stderr
+
+
+def test_warnings_from_acts_on_its_module_and_forgets_nothing():
+    import warnings
+
+    from nanopatch._log import warnings_from
+
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as shown:  # the test's own record
+        warnings.simplefilter("default")
+        for _ in range(3):
+            warnings.warn("once per place", FutureWarning, stacklevel=1)
+            with pytest.raises(UserWarning, match="made an error"), warnings_from(rf"{__name__}\Z", "error"):
+                warnings.warn("made an error", stacklevel=1)
+            with warnings_from(rf"{__name__}\Z", "ignore", "quiet"):
+                warnings.warn("quiet, please", stacklevel=1)
+            with warnings_from(r"elsewhere\Z", "ignore"):
+                warnings.warn("not from elsewhere", stacklevel=1)
+    assert [str(w.message) for w in shown] == ["once per place", "not from elsewhere"]
+    with warnings.catch_warnings():
+        pass
+    assert warnings.filters == filters
+    with pytest.raises(ValueError, match="action must be"):
+        with warnings_from("x", "always"):
+            pass

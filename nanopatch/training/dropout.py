@@ -27,13 +27,12 @@ gradient before that operator is lost.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any
 
 import torch
 
 from .. import _patching
-from .._log import log_once
+from .._log import log_once, warnings_from
 from .plan import TARGET, local
 
 _aten = torch.ops.aten
@@ -112,9 +111,8 @@ def register(installed: list[Any], op: str, kernel: Any, key: str, refused: str,
         return True
     try:
         library = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            # torch < 2.13 warns (once, as a UserWarning) on replacing autocast's own kernel
-            warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
+        # torch < 2.13 warns (once, as a UserWarning) on replacing autocast's own kernel
+        with warnings_from(r"torch\.library\Z", "ignore", "Warning only once for all operators", UserWarning):
             library.impl(op, kernel, key, with_keyset=True)
     except Exception as exc:
         log_once(

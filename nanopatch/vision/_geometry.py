@@ -206,14 +206,13 @@ def _aa_into(t, out: np.ndarray) -> None:
 def _aa_into_usable() -> bool:
     """Whether ``_aa_into`` exists here and gives ``interpolate``'s very pixels (and no warning),
     checked on noise images for single-axis passes that shrink and enlarge either axis."""
-    import warnings
-
     import torch
+
+    from .._log import warnings_from
 
     rng = np.random.default_rng(5)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with warnings_from(r"(torch|nanopatch)(\.|\Z)", "error"):  # the kernels' warnings
             for in_hw, out_hw in (
                 ((37, 29), (37, 17)),
                 ((37, 29), (20, 29)),

@@ -42,12 +42,11 @@ import io
 import logging
 import os
 import threading
-import warnings
 from typing import Any
 
 import numpy as np
 
-from .._log import log_once
+from .._log import log_once, warnings_from
 from . import _opencv
 
 logger = logging.getLogger("nanopatch")
@@ -143,10 +142,10 @@ class _TurboJPEG(_Backend):
         # PyTurboJPEG reports libjpeg's warnings (corrupt or truncated data) with warnings.warn
         # from its private ``__report_error``, and raises OSError for errors. Either way Pillow
         # decides what stock does, so where that method exists (PyTurboJPEG 1.x and 2.x) a
-        # subclass makes every report an OSError. Catching the warnings instead would need
-        # warnings.catch_warnings() around every image, which resets Python's record of the
-        # warnings already shown: a warning the script raises once per step would then print on
-        # every step rather than once.
+        # subclass makes every report an OSError, with no change to the warnings filters per
+        # image; elsewhere a filter turns the module's warnings into errors around each call
+        # (never warnings.catch_warnings(), which makes Python forget the warnings it has shown:
+        # a warning the script raises once per step would then print on every step).
         self._strict = callable(getattr(TurboJPEG, "_TurboJPEG__report_error", None))
         cls = _strict_turbojpeg(TurboJPEG) if self._strict else TurboJPEG
         # PyTurboJPEG 2.x refuses libjpeg-turbo 2.x (RuntimeError): then OpenCV takes over.
@@ -157,12 +156,10 @@ class _TurboJPEG(_Backend):
         try:
             if self._strict:
                 return method(*args, **kwargs)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                result = method(*args, **kwargs)
-        except OSError:
+            with warnings_from(r"turbojpeg\Z", "error"):  # libjpeg's report, raised as the warning
+                return method(*args, **kwargs)
+        except (OSError, Warning):
             return None
-        return None if caught else result
 
     def header(self, data) -> JpegHeader | None:
         found = self._call(self._tj.decode_header, data)
