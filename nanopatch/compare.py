@@ -36,8 +36,8 @@ REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.__main__ reads it
 
 _NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 _PER_SECOND = r"(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b"
-#: the ways scripts print their speed, strongest first: a run's rate is the last value of the
-#: strongest kind found anywhere in its output (a training meter over a progress bar's it/s)
+#: the ways scripts print their speed, strongest first: a run's rate is read from the values of
+#: the strongest kind found anywhere in its output (a training meter over a progress bar's it/s)
 RATE_KINDS = (
     # "img/s: 135.2" (torchvision's references), "samples/s = 80", HF's "'train_samples_per_second': 3.2"
     ("labelled", re.compile(rf"(?:{_PER_SECOND}|\btrain_samples_per_second\b)['\"]?\s*[:=]\s*({_NUMBER})", re.I)),
@@ -58,9 +58,12 @@ _EVALUATION_LINE = re.compile(
 )
 PATTERNS = {
     "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*[:=]?\s*({_NUMBER})", re.I),
-    # "acc@1: 71.2%", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
-    "accuracy": re.compile(rf"{_SCOPE}acc(?:uracy)?\b(?:@1)?['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
+    # "acc@1: 71.2%", "acc1: 3.12", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
+    "accuracy": re.compile(rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
 }
+#: a batch counter, "[0/8]": an evaluation's line with one before its last batch shows that
+#: batch's figures (torchvision's references print the first), not the whole set's
+_BATCH_COUNTER = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 
 
 @dataclasses.dataclass
@@ -73,15 +76,31 @@ class Run:
     report: dict | None = None  # the patched run's account of what it accelerated
 
     def rate(self) -> tuple[float, str, str] | None:
-        """The script's own speed meter: (value, as printed with its unit, kind), the last value
-        of the strongest kind in :data:`RATE_KINDS` the output has; None when it has none."""
-        best: tuple[int, float, str, str] | None = None
+        """The script's own speed meter: (value, as shown, kind) of the strongest kind in
+        :data:`RATE_KINDS` the output has; None when it has none. A meter printed several times
+        gives the median of its values after the first (the first step's one-off costs), which
+        a last, smaller batch or a slow moment does not sway; it is shown with their count."""
+        found = []
         for line in self.output:
             for segment in line.split("\r"):  # a progress bar redraws itself on one line
-                found = _rate_in(segment)
-                if found is not None and (best is None or found[0] <= best[0]):
-                    best = found
-        return None if best is None else best[1:]
+                rate = _rate_in(segment)
+                if rate is not None:
+                    found.append(rate)
+        if not found:
+            return None
+        strongest = min(rate[0] for rate in found)
+        values = [rate for rate in found if rate[0] == strongest]
+        values = sorted(values[1:] if len(values) > 1 else values, key=lambda rate: rate[1])
+        kind = values[0][3]
+        middle = len(values) // 2
+        if len(values) == 1:
+            return values[0][1], values[0][2], kind
+        if len(values) % 2:
+            value, shown = values[middle][1], values[middle][2]
+        else:
+            value = (values[middle - 1][1] + values[middle][1]) / 2
+            shown = f"{value:.4g}" + {"per second": "/s", "batches": " it/s"}.get(kind, "")
+        return value, f"{shown} (median of {len(values)})", kind
 
     def metric(self, key: str, validation: bool = False) -> tuple[float, str] | None:
         """The last value the script printed with this label: (value, as printed with its
@@ -94,6 +113,9 @@ class Run:
         found = None
         for line in self.output:
             evaluation_line = bool(_EVALUATION_LINE.search(line))
+            counter = _BATCH_COUNTER.search(line) if validation else None
+            if counter and int(counter.group(1)) + 1 < int(counter.group(2)):
+                continue  # one batch of an evaluation, not its last
             for match in PATTERNS[key].finditer(line):
                 scope = (match.group("scope") or "").lower()
                 if scope and "train_runtime" in line:  # the HF Trainer's summary: the run's mean loss

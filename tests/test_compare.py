@@ -153,7 +153,20 @@ def test_an_evaluations_figures_are_read_apart(line, key, value):
 def test_torchvisions_reference_final_loss_is_trainings_not_the_validation_pass():
     run = compare.Run("x", [], output=TORCHVISION_REFERENCE)
     assert run.metric("loss") == (6.8122, "6.8122")  # its validation pass prints after training
-    assert run.metric("loss", validation=True) == (3.4619, "3.4619")
+    assert run.metric("accuracy") == (3.125, "3.1250")  # acc1's
+    # the validation pass prints its first batch's loss, never the set's: no validation loss
+    assert run.metric("loss", validation=True) is None
+    assert run.metric("accuracy", validation=True) == (12.5, "12.500")  # the set's Acc@1
+    last = [*TORCHVISION_REFERENCE, "Test:   [7/8]  eta: 0:00:00  loss: 3.1000 (3.2000)  acc1: 10.0 (12.5)"]
+    assert compare.Run("x", [], output=last).metric("loss", validation=True) == (3.1, "3.1000")
+
+
+def test_a_meter_printed_at_every_few_steps_gives_the_median_after_the_first():
+    """torchvision's reference prints img/s of the latest batch: the last can be a small one."""
+    lines = [f"Epoch: [0]  [{i}/7]  lr: 0.1  img/s: {v}  loss: 1.0 (1.0)" for i, v in enumerate((2.25, 8.9, 9.3, 0.70))]
+    assert compare.Run("x", [], output=lines).rate() == (8.9, "8.9 (median of 3)", "labelled")
+    even = compare.Run("x", [], output=[*lines, "[8/9] img/s: 9.1"]).rate()
+    assert even[0] == pytest.approx(9.0) and even[1] == "9 (median of 4)"
 
 
 # what common training code prints, as it prints it
@@ -161,6 +174,7 @@ TORCHVISION_REFERENCE = [
     "Epoch: [0]  [ 0/32]  eta: 0:00:31  lr: 0.05  img/s: 74.1  loss: 6.9151 (6.9151)  acc1: 0.0000 (0.0000)",
     "Epoch: [0]  [30/32]  eta: 0:00:01  lr: 0.05  img/s: 135.2  loss: 6.8122 (6.8745)  acc1: 3.1250 (0.4032)",
     "Test:   [0/8]  eta: 0:00:03  loss: 3.4619 (3.4619)  acc1: 12.5000 (12.5000)  time: 0.40",
+    "Test:  Acc@1 12.500 Acc@5 50.000",
 ]
 TIMM = [
     "Train: 0 [   0/20 (  0%)]  Loss: 6.930 (6.93)  Time: 2.080s,   15.38/s  (2.080s,   15.38/s)  LR: 1.000e-05",
