@@ -96,7 +96,7 @@ class Run:
         if len(values) == 1:
             return values[0][1], values[0][2], kind
         if len(values) % 2:
-            value, shown = values[middle][1], values[middle][2]
+            value, shown = values[middle][1], _compact(values[middle][2])
         else:
             value = (values[middle - 1][1] + values[middle][1]) / 2
             shown = f"{value:.4g}" + {"per second": "/s", "batches": " it/s"}.get(kind, "")
@@ -131,6 +131,14 @@ class Run:
                     shown += f"/{match.group(4)} ({value:.1f}%)"
                 found = (value, shown)
         return found
+
+
+def _compact(shown: str) -> str:
+    """A number printed with a dozen digits (``32.14056839624901``) to four significant ones."""
+    match = re.match(rf"{_NUMBER}", shown)
+    if match and len(re.sub(r"\D", "", match.group())) > 6:
+        return f"{float(match.group()):.4g}" + shown[match.end() :]
+    return shown
 
 
 #: each kind's rank in RATE_KINDS, strongest (0) first

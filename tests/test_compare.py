@@ -167,6 +167,8 @@ def test_a_meter_printed_at_every_few_steps_gives_the_median_after_the_first():
     assert compare.Run("x", [], output=lines).rate() == (8.9, "8.9 (median of 3)", "labelled")
     even = compare.Run("x", [], output=[*lines, "[8/9] img/s: 9.1"]).rate()
     assert even[0] == pytest.approx(9.0) and even[1] == "9 (median of 4)"
+    long = [f"img/s: {v}" for v in (21.663590477284966, 32.14056839624901, 32.79512643759047, 16.277970640457177)]
+    assert compare.Run("x", [], output=long).rate()[:2] == (32.14056839624901, "32.14 (median of 3)")
 
 
 # what common training code prints, as it prints it
