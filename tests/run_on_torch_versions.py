@@ -4,8 +4,9 @@ tox's ``between`` env runs the learning tests on the torch minors between the on
 suite runs on. Each pair gets a new venv under WORKDIR with the pair, nanopatch (with the
 ``test`` and ``frameworks`` extras) and nothing else, the tests run there, and the venv is
 deleted before the next pair is installed: a torch install with its CUDA libraries takes
-5-7 GB, so only one exists at a time. Every pair runs even when an earlier one fails; the exit
-status is non-zero if any failed.
+5-7 GB, so only one exists at a time. With ``uv`` on the PATH (CI installs tox-uv) the venvs
+are uv's, whose cache keeps each downloaded file for the next pair; else venv and pip. Every
+pair runs even when an earlier one fails; the exit status is non-zero if any failed.
 
     python tests/run_on_torch_versions.py WORKDIR TORCH/TORCHVISION [...] -- PYTEST_ARGS...
 
@@ -36,10 +37,13 @@ def install_and_test(workdir: Path, torch: str, torchvision: str, pytest_args: l
     # the venv's own console scripts first, as if it were activated
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": os.pathsep.join([str(venv / "bin"), os.environ["PATH"]])}
     started = time.monotonic()
+    uv = shutil.which("uv")
     try:
-        if run([sys.executable, "-m", "venv", str(venv)]) != 0:
+        create = [uv, "venv", "--quiet", "--python", sys.executable] if uv else [sys.executable, "-m", "venv"]
+        if run([*create, str(venv)]) != 0:
             return False, "could not create a venv"
-        install = [python, "-m", "pip", "install", "--quiet", f"torch=={torch}", f"torchvision=={torchvision}"]
+        installer = [uv, "pip", "install", "--python", python] if uv else [python, "-m", "pip", "install"]
+        install = [*installer, "--quiet", f"torch=={torch}", f"torchvision=={torchvision}"]
         if run([*install, f"{ROOT}[test,frameworks]"], env=env) != 0:
             return False, "pip install failed"
         installed = time.monotonic()
