@@ -211,6 +211,31 @@ def test_nproc_is_advised_when_one_process_leaves_cores_idle():
     assert rules(cores_busy=3.0) == []
     assert rules(cores_busy=1.2, world_size=2) == []  # already several processes
     assert rules(cores_busy=0.9, threads=1, cpus=1) == []  # one core: nothing to share out
+    assert rules(cores_busy=1.2, others_busy=1.5) == []  # other work kept the cores busy meanwhile
+    assert [a["rule"] for a in advice.advise(report(cores_busy=1.2, others_busy=0.2))] == ["nproc"]
+
+
+def test_the_cores_other_processes_kept_busy_are_measured(timed):
+    """A process that spins beside the training loop shows in ``others_busy``."""
+    import multiprocessing
+
+    model, optimizer = model_and_optimizer()
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
+    train(DataLoader(Items(8), batch_size=4), model, optimizer)  # the first step: the start-up's
+    spinner.start()
+    try:
+        time.sleep(1.5)
+        train(DataLoader(Items(8), batch_size=4), model, optimizer)
+        report = nanopatch.status()["breakdown"]
+    finally:
+        spinner.join()
+    assert report["others_busy"] is not None and report["others_busy"] > 0.5, report
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def test_the_runner_at_v_says_where_the_time_went_and_advises(tmp_path):

@@ -12,6 +12,8 @@ DATA_WAIT_SHARE = 0.20
 OPTIMIZER_SHARE = 0.25
 #: the steps kept fewer than this share of the process's threads busy: room for --nproc
 BUSY_SHARE = 0.6
+#: other processes kept more than this many cores busy meanwhile: the idle threads were not idle cores
+OTHERS_BUSY = 0.5
 #: the fewest steps a rate or share is read from (the first, the start-up's, not counted)
 MIN_STEPS = 5
 MAX_WORKERS = 8
@@ -87,6 +89,8 @@ def _nproc(report: dict[str, Any]) -> dict[str, Any] | None:
     usable = min(threads, cpus)
     if busy >= BUSY_SHARE * usable:
         return None
+    if (report.get("others_busy") or 0.0) > OTHERS_BUSY:
+        return None  # the machine's other work took the cores: a second process would not have them
     nproc = max(2, min(cpus, round(usable / max(busy, 1.0))))
     figure = f"the training steps kept {busy:.1f} of this process's {usable} threads busy"
     change = f"python -m nanopatch --nproc {nproc} script.py"

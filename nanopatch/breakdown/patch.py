@@ -47,6 +47,19 @@ class _Loader:
         self.batch_size = 0  # the largest batch seen
 
 
+def _machine_jiffies(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all the machine's CPUs since boot; None where unreadable."""
+    try:
+        with open(path) as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    total = sum(ticks)  # user nice system idle iowait irq softirq steal
+    return total - ticks[3] - ticks[4], total
+
+
 class _Meter:
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -64,6 +77,8 @@ class _Meter:
         self.depth = 0  # optimizer steps in progress (one wrapping another counts once)
         self.step_start = 0.0
         self.closures = 0.0
+        self.machine_first: tuple[int, int] | None = None  # the machine's CPU ticks at training's start
+        self.cpu_first = 0.0
         self.lock = threading.Lock()
 
     # --- events ---
@@ -113,6 +128,7 @@ class _Meter:
             self.after, self.last, self.cpu_last = "step", now, cpu
             if self.first is None:  # the first step was the start-up's: training starts now
                 self.first = now
+                self.machine_first, self.cpu_first = _machine_jiffies(), cpu
                 self.data = self.compute = self.optimizer = self.train_cpu = self.train_wall = 0.0
                 self.samples = 0
 
@@ -128,6 +144,13 @@ class _Meter:
             main = max(training, key=lambda loader: loader.training_batches, default=None)
             cpus = len(runtime.run_cpus() or os.sched_getaffinity(0))
             threads = torch.get_num_threads()
+            others = None  # the cores other processes kept busy while this one trained
+            machine = _machine_jiffies()
+            if self.first is not None and self.machine_first is not None and machine is not None:
+                ticks = machine[1] - self.machine_first[1]
+                if ticks > 0 and now > self.first:
+                    busy = (machine[0] - self.machine_first[0]) / ticks * (os.cpu_count() or 1)
+                    others = max(0.0, busy - (time.process_time() - self.cpu_first) / (now - self.first))
             return {
                 "wall_s": wall,
                 "startup_s": startup,
@@ -145,6 +168,7 @@ class _Meter:
                 "cpus": cpus,
                 # the cores the steps kept busy: process CPU time over their wall time
                 "cores_busy": self.train_cpu / self.train_wall if self.train_wall > 0 else None,
+                "others_busy": others,
                 "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
             }
 
