@@ -256,8 +256,7 @@ def test_the_runner_at_v_says_where_the_time_went_and_advises(tmp_path):
         "    optimizer.step()\n"
         "print('done')\n"
     )
-    # --no-ipex: IPEX replaces the optimizer's step on the instance, where the hooks do not see it
-    proc = run_python(["-m", "nanopatch", "-v", "--no-ipex", str(script)], timeout=300)
+    proc = run_python(["-m", "nanopatch", "-v", str(script)], timeout=300)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if "nanopatch" in line and " time: " in line]
     assert "waiting for data" in line and "12 optimizer step(s)" in line, line
@@ -295,7 +294,7 @@ def test_compare_shows_both_runs_breakdowns_and_advises_workers_only_without_the
     script.write_text(SLOW_DATA)
     chart = tmp_path / "times.png"
     proc = run_python(
-        ["-m", "nanopatch", "--compare", "--no-ipex", "--plot", str(chart), str(script), str(workers)],
+        ["-m", "nanopatch", "--compare", "--plot", str(chart), str(script), str(workers)],
         cwd=tmp_path,
         timeout=300,
     )
@@ -332,7 +331,7 @@ def test_plot_goes_with_compare_and_says_when_matplotlib_is_missing(tmp_path):
     assert "--plot: matplotlib is not installed (pip install matplotlib)" in missing.stdout, missing.stderr
     assert not (tmp_path / "x.png").exists()
     assert "waiting for data" in compare.breakdown_text(*runs)
-    runs[1].report = {"breakdown": report(steps=0)}  # IPEX replaced the step on the instance
+    runs[1].report = {"breakdown": report(steps=0)}  # the script's own ipex.optimize replaced the step
     assert "No optimizer step was seen in nanopatch: all its time counts as start-up" in compare.breakdown_text(*runs)
 
 
@@ -351,11 +350,9 @@ def test_try_compile_runs_a_third_time_with_compile_and_reports_it(tmp_path):
     assert proc.returncode == 2 and "--try-compile goes with --compare" in proc.stderr
     script = tmp_path / "slow_data.py"
     script.write_text(SLOW_DATA)
-    proc = run_python(
-        ["-m", "nanopatch", "--compare", "--try-compile", "--no-ipex", str(script), "2"], cwd=tmp_path, timeout=600
-    )
+    proc = run_python(["-m", "nanopatch", "--compare", "--try-compile", str(script), "2"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "== compiled: -m nanopatch --compile --breakdown --no-ipex" in proc.stdout
+    assert "== compiled: -m nanopatch --compile --breakdown" in proc.stdout
     header = next(line for line in proc.stdout.splitlines() if line.startswith(" ") and "| compiled" in line)
     assert [c.strip() for c in header.split("|")] == ["", "stock", "nanopatch", "compiled", "speedup"]
     assert breakdown_rows(proc.stdout)["optimizer steps"][:3] == ["16", "16", "16"]

@@ -287,12 +287,11 @@ def test_a_bf16_model_takes_the_native_path_where_ipex_has_no_bf16_and_fp32_keep
     model = small_net()
     seen = []
     model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    out = _steps(model, model_opt := torch.optim.SGD(model.parameters(), lr=0.05), x, y, 2)
+    out = _steps(model, torch.optim.SGD(model.parameters(), lr=0.05), x, y, 2)
     plan = training.plans[model]
     assert not plan.ipex and plan.amp_dtype == torch.bfloat16 and seen == [torch.bfloat16] * 2, seen
     assert out.dtype == torch.float32 and all(p.grad is not None for p in model.parameters())
     assert any("IPEX not used: its bf16 weight prepack needs avx512bw" in note for note in plan.notes), plan.notes
-    del model_opt
     nanopatch.unpatch_torch()
     nanopatch.patch_torch(bf16=False, ipex=True)
     model = small_net()

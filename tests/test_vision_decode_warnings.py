@@ -63,11 +63,11 @@ def backends():
     return found
 
 
-def run(tmp_path, *runner, **env):
+def run(tmp_path, *runner, script_text=SCRIPT, **env):
     root = tmp_path / "images"
     (root / "a").mkdir(parents=True)
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     proc = run_python([*runner, str(script), str(root)], env=child_env(env), cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr
     return proc
@@ -125,24 +125,12 @@ LOADER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings():
+def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings(tmp_path):
     """nanopatch's probes that turn warnings into errors or ignore them (the resize kernel's
     check, the kernel registrations) leave Python's record of the warnings already shown alone:
     the loader's pin_memory warning and the loop's warning print once, as stock."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as folder:
-        outputs = []
-        for runner in ([], ["-m", "nanopatch"]):
-            root = Path(folder) / str(len(outputs)) / "images"
-            (root / "a").mkdir(parents=True)
-            script = root.parent / "train.py"
-            script.write_text(LOADER_SCRIPT)
-            proc = run_python([*runner, str(script), str(root)], env=child_env(), cwd=root.parent, timeout=240)
-            assert proc.returncode == 0, proc.stderr
-            outputs.append(proc)
-    stock, patched = outputs
+    stock = run(tmp_path / "stock", script_text=LOADER_SCRIPT)
+    patched = run(tmp_path / "patched", "-m", "nanopatch", script_text=LOADER_SCRIPT)
     assert "KERNEL CHECKED 1" in patched.stdout, patched.stdout
     for text in ("FutureWarning: this old API is deprecated", "UserWarning: 'pin_memory' argument is set as true"):
         assert stock.stderr.count(text) == 1, stock.stderr
