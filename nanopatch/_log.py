@@ -59,7 +59,9 @@ def warn_once(key: str, message: str, stacklevel: int = 2, about: object = None)
 
 
 def configure_stderr(level: str | int) -> None:
-    """Send nanopatch's log records to stderr at ``level`` (used by the runner's ``-v``)."""
+    """Send nanopatch's log records to stderr at ``level`` (used by the runner's ``-v``), and
+    there only: a handler the root logger has (a script's ``logging.basicConfig``, or IPEX's,
+    which it installs on import) would print each of them a second time."""
     if isinstance(level, str):
         level = logging.getLevelName(level.upper())
         if not isinstance(level, int):
@@ -69,6 +71,7 @@ def configure_stderr(level: str | int) -> None:
         handler.setFormatter(logging.Formatter("nanopatch: %(levelname)s: %(message)s"))
         handler._nanopatch = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+    logger.propagate = False
     logger.setLevel(level)
 
 

@@ -455,3 +455,25 @@ def test_split_argv(argv, expected):
 def test_split_argv_dash_m_without_module_raises(argv):
     with pytest.raises(_UsageError, match="expected a module name"):
         split_argv(build_parser(), argv)
+
+
+def test_v_prints_each_of_nanopatchs_lines_once_beside_a_root_handler(tmp_path):
+    """``-v`` sends nanopatch's log to stderr; a handler on the root logger (the script's
+    ``logging.basicConfig``, or the one IPEX installs on import) does not print it again."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO, format='root: %(message)s')\n"
+        "logging.getLogger('train').info('the script logs too')\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    optimizer.zero_grad()\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    proc = run_python(["-m", "nanopatch", "-v", str(script)], env=child_env(), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "root: the script logs too" in proc.stderr  # the script's own logging is its own
+    trained = [line for line in proc.stderr.splitlines() if "trained: Linear" in line]
+    assert len(trained) == 1, proc.stderr
