@@ -180,11 +180,13 @@ def first_failure_reported() -> Iterator[None]:
     whichever failed process it looks at first. Processes started in this block note the
     traceback of their exception as they fail, the first to note winning; a process that fails
     because another has exited notes after it, since the other's connection closes only once
-    it has exited. A ``ProcessRaisedException`` about another process is replaced with the same
-    exception about the first one."""
+    it has exited. A ``ProcessRaisedException`` about another process, or a
+    ``ProcessExitedException`` (a process that died of a signal or exited without raising, as
+    gloo's C++ threads can make it after its peer left), is replaced with a
+    ``ProcessRaisedException`` about the first one."""
     try:
         import torch.multiprocessing as mp
-        from torch.multiprocessing.spawn import ProcessRaisedException
+        from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
     except ImportError:
         yield
         return
@@ -198,7 +200,7 @@ def first_failure_reported() -> Iterator[None]:
     mp.start_processes = noting
     try:
         yield
-    except ProcessRaisedException as reported:
+    except (ProcessRaisedException, ProcessExitedException) as reported:
         first = _first_failure(folder)
         if first is None or first[0] == reported.error_index:
             raise

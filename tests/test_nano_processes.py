@@ -205,7 +205,7 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
 
 
 FAILING_RANKS = """
-import multiprocessing.util, os, sys, time
+import multiprocessing.util, os, signal, sys, time
 import torch.multiprocessing as mp
 from nanopatch import _processes
 
@@ -219,29 +219,35 @@ def work(rank, folder):
     while not os.path.exists(raised):
         time.sleep(0.01)
     time.sleep(0.5)
+    if DIES:  # as gloo's threads can make a process die, with no Python exception
+        os.kill(os.getpid(), signal.SIGABRT)
     raise RuntimeError("Connection closed by peer")  # what the others' collectives raise after it
 
 if __name__ == "__main__":
-    folder, method, block = sys.argv[1:]
+    folder, method, block, after = sys.argv[1:]
+    DIES = after == "dies"
     try:
         with _processes.launching() if block == "launching" else _processes.forking():
             mp.start_processes(work, args=(folder,), nprocs=2, start_method=method)
-    except mp.ProcessRaisedException as exc:
-        print("reported", exc.error_index, "ValueError: rank 1 found a bad batch" in str(exc))
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print("reported", exc.error_index, "ValueError: rank 1 found a bad batch" in str(exc), type(exc).__name__)
     print("start_processes restored", mp.start_processes is sys.modules["torch.multiprocessing.spawn"].start_processes)
 """
 
 
 @pytest.mark.parametrize(
-    ("method", "block", "reported"),
+    ("method", "block", "after", "reported"),
     [
-        ("fork", "launching", 1),
-        ("spawn", "launching", 1),
+        ("fork", "launching", "raises", 1),
+        ("spawn", "launching", "raises", 1),
+        # the other rank dies of a signal instead of raising
+        ("fork", "launching", "dies", 1),
         # stock's launcher reports the process it sees end first: the one that failed after it
-        ("fork", "forking", 0),
+        ("fork", "forking", "raises", 0),
+        ("fork", "forking", "dies", 0),
     ],
 )
-def test_the_caller_sees_the_rank_that_raised_first(tmp_path, method, block, reported):
+def test_the_caller_sees_the_rank_that_raised_first(tmp_path, method, block, after, reported):
     from conftest import run_python
 
     script = tmp_path / "ranks.py"
@@ -249,9 +255,10 @@ def test_the_caller_sees_the_rank_that_raised_first(tmp_path, method, block, rep
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**child_env(), "TMPDIR": str(temp)}
-    proc = run_python([str(script), str(tmp_path), method, block], env=env, timeout=120)
+    proc = run_python([str(script), str(tmp_path), method, block, after], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert f"reported {reported} {reported == 1}" in proc.stdout, proc.stdout + proc.stderr
+    kind = "ProcessRaisedException" if reported == 1 or after == "raises" else "ProcessExitedException"
+    assert f"reported {reported} {reported == 1} {kind}" in proc.stdout, proc.stdout + proc.stderr
     assert "start_processes restored True" in proc.stdout
     assert not [p for p in os.listdir(temp) if p.startswith("nanopatch-")]  # the notes went with the launch
 
