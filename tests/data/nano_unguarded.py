@@ -62,8 +62,9 @@ def first_step(rank):
     path = os.path.join(OUT, f"pid{rank}")
     if os.path.exists(path):
         return
-    with open(path, "w") as f:
+    with open(path + ".part", "w") as f:  # whole or absent: the launcher may end this rank any time
         f.write(str(os.getpid()))
+    os.replace(path + ".part", path)
     if FAIL and rank == 1:
         raise ValueError("rank 1 found a bad batch")
     if HANG:
