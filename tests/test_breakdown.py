@@ -238,6 +238,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@pytest.mark.py_only
 def test_the_runner_at_v_says_where_the_time_went_and_advises(tmp_path):
     script = tmp_path / "slow_data.py"
     script.write_text(
@@ -288,6 +289,7 @@ def breakdown_rows(stdout: str) -> dict[str, list[str]]:
     return table_rows(stdout, "Where the time went (nanopatch.breakdown: wall time from torch's import to the end)")
 
 
+@pytest.mark.py_only
 @pytest.mark.parametrize("workers", [0, 2])
 def test_compare_shows_both_runs_breakdowns_and_advises_workers_only_without_them(tmp_path, workers):
     script = tmp_path / "slow_data.py"
@@ -310,6 +312,7 @@ def test_compare_shows_both_runs_breakdowns_and_advises_workers_only_without_the
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.py_only
 def test_plot_goes_with_compare_and_says_when_matplotlib_is_missing(tmp_path):
     proc = run_python(["-m", "nanopatch", "--plot", "x.png", "train.py"], cwd=tmp_path)
     assert proc.returncode == 2 and "--plot goes with --compare" in proc.stderr
@@ -345,6 +348,7 @@ def test_the_compile_trial_says_by_how_much_and_advises_only_a_gain():
     assert advice.compile_trial(eager, None) is None and advice.compile_trial(report(samples_per_s=None), eager) is None
 
 
+@pytest.mark.py_only
 def test_try_compile_runs_a_third_time_with_compile_and_reports_it(tmp_path):
     proc = run_python(["-m", "nanopatch", "--try-compile", "x.py"], cwd=tmp_path)
     assert proc.returncode == 2 and "--try-compile goes with --compare" in proc.stderr

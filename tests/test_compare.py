@@ -11,6 +11,8 @@ from nanopatch import compare, cpu
 
 from conftest import child_env, run_python
 
+pytestmark = pytest.mark.py_only  # whole scripts under the runner: tox's py env runs them (tox.ini)
+
 SCRIPT = """
 import json, os, sys
 np = sys.modules.get("nanopatch")

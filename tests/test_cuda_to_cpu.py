@@ -120,6 +120,7 @@ def test_a_ddp_script_for_two_gpus_runs_under_nproc_2_on_gloo(tmp_path):
         assert torch.equal(ranks[0][key], ranks[1][key]), key
 
 
+@pytest.mark.py_only
 def test_compare_and_verify_run_the_stock_side_redirected(tmp_path):
     proc = _ok(run_python(["-m", "nanopatch", "--compare", "--cuda-to-cpu", str(CHECKPOINT)], cwd=tmp_path))
     assert "== stock: -m nanopatch._stock --cuda-to-cpu --breakdown" in proc.stdout

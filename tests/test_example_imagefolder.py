@@ -18,6 +18,8 @@ from PIL import Image
 
 from conftest import REPO_ROOT, child_env, run_python
 
+pytestmark = pytest.mark.py_only  # whole scripts under the runner: tox's py env runs them (tox.ini)
+
 SCRIPT = REPO_ROOT / "examples" / "train_imagefolder.py"
 CLASSES = ["city_night", "coast", "forest", "mountains", "still_life"]
 TINY = ["--num-images", "24", "--image-size", "64", "--epochs", "1", "--batch-size", "8", "--workers", "0"]

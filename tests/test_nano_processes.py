@@ -42,6 +42,7 @@ def needs_lightning(run: str) -> None:
         framework("lightning.pytorch" if run == "trainer" else "lightning.fabric")
 
 
+@pytest.mark.py_only  # a whole script's launch: tox's py env runs these (tox.ini)
 @pytest.mark.parametrize("run", list(RUNS))
 def test_an_unguarded_script_trains_data_parallel_and_runs_its_top_level_once(tmp_path, run):
     needs_lightning(run)
@@ -118,6 +119,7 @@ def assert_gone(pids: list[int], timeout: float = 30) -> None:
     assert not left, f"training processes left behind: {left}"
 
 
+@pytest.mark.py_only
 @pytest.mark.parametrize("run", list(RUNS))
 def test_a_failing_rank_reaches_the_caller_with_its_traceback_and_ends_them_all(tmp_path, run):
     needs_lightning(run)
@@ -131,6 +133,7 @@ def test_a_failing_rank_reaches_the_caller_with_its_traceback_and_ends_them_all(
     assert_gone([int((out / f"pid{rank}").read_text()) for rank in (0, 1) if (out / f"pid{rank}").exists()])
 
 
+@pytest.mark.py_only
 @pytest.mark.parametrize(
     ("run", "how"),
     [
@@ -162,6 +165,7 @@ def test_no_rank_outlives_ctrl_c_or_the_script(tmp_path, run, how):
     assert_gone(ranks)
 
 
+@pytest.mark.py_only
 def test_the_guarded_script_still_works_where_processes_are_spawned(tmp_path):
     """Where fork is unsafe or missing, the processes are spawned (the script needs its guard),
     with one line saying why."""

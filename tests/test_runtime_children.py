@@ -38,7 +38,10 @@ def assert_unpinned(report):
     assert report["env"]["GOMP_CPU_AFFINITY"] is None and report["env"]["KMP_AFFINITY"] is None, report
 
 
-pytestmark = pytest.mark.skipif(cpu.host_facts().cpu_quota is not None, reason="expectations assume no CPU quota")
+pytestmark = [
+    pytest.mark.skipif(cpu.host_facts().cpu_quota is not None, reason="expectations assume no CPU quota"),
+    pytest.mark.py_only,  # the cores of the processes a script starts: tox's py env runs these (tox.ini)
+]
 
 
 @pytest.mark.parametrize("runner_args", [(), ("--no-pin-threads",)], ids=["pinned", "unpinned"])

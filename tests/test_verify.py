@@ -16,6 +16,8 @@ from nanopatch.__main__ import build_parser, split_argv
 
 from conftest import REPO_ROOT, TESTS_DIR, child_env, run_python
 
+pytestmark = pytest.mark.py_only  # whole scripts under the runner: tox's py env runs them (tox.ini)
+
 DATA = TESTS_DIR / "data"
 LOOP = str(DATA / "verify_loop.py")
 
