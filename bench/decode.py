@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _harness as h  # bench/ is this script's folder, first on sys.path
+import harness as h  # bench/ is this script's folder, first on sys.path
 
 #: Bump when the generator changes, so a cached data set is not reused across versions.
 GENERATOR_VERSION = 1

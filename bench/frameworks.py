@@ -95,7 +95,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import _harness as h  # bench/ is this script's folder, first on sys.path
+import harness as h  # bench/ is this script's folder, first on sys.path
 from multi_instance import SETTLE_S, cpu_text, run_env
 
 SEED = 20251

@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _harness as h  # bench/ is this script's folder, first on sys.path
+import harness as h  # bench/ is this script's folder, first on sys.path
 
 SEED = 20250
 CLASSES = 1000

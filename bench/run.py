@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _harness as h  # bench/ is this script's folder, first on sys.path
+import harness as h  # bench/ is this script's folder, first on sys.path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -73,7 +73,7 @@ class Bench:
 
     ``args(options, json_path)`` gives its command-line options; with ``json_to == "stdout"`` its
     JSON is what it prints, with ``"file"`` what it writes to ``json_path``; its ``rows`` are in
-    the one schema of bench/_harness.py. ``label(variant)`` is the variant's name in the report.
+    the one schema of bench/harness/rows.py. ``label(variant)`` is the variant's name in the report.
     ``readme`` maps the variants shown in the README table to short labels (None: every variant but
     stock, by name). ``show_delta`` adds the difference from stock in the rate's unit (for times)."""
 
@@ -92,7 +92,7 @@ class Bench:
 
 # --- reading the benches' rows ---------------------------------------------------------------------
 
-#: the keys of a row (bench/_harness.py's ``row``) that the report keeps; the rest stays in ``raw``.
+#: the keys of a row (bench/harness/rows.py's ``row``) that the report keeps; the rest stays in ``raw``.
 #: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last);
 #: ``model_flops``, ``roof_fraction``: train_step's model FLOP/s and their share of the matmul roof measured
 #: in the same run (the faster of bf16's and fp32's rates);
@@ -377,7 +377,7 @@ VERSIONS = ("intel-extension-for-pytorch", "numpy", "pillow", "opencv-python-hea
 
 
 def machine_facts() -> dict[str, Any]:
-    """The machine, the versions and the git state (bench/_harness.py), with the host name."""
+    """The machine, the versions and the git state (bench/harness/machine.py), with the host name."""
     m = h.machine_facts(*VERSIONS)
     keep = ("vendor", "physical_cores", "logical_cpus", "usable_cores", "flags", "native_bf16", "amx", "mem_total_gib")
     machine = {

@@ -109,9 +109,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_harness.py, when imported from elsewhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/harness/, when imported from elsewhere
 
-import _harness as h
+import harness as h
 
 STOCK, BY_HAND, PATCHED, COMPILE = "stock", "by-hand", "patched", "compile"
 IPEX, IPEX_STOCK = "ipex", "ipex-stock"
@@ -419,7 +419,7 @@ def probed_step(job: Job) -> dict[str, Any] | None:
 
 
 def attach_probe(model) -> h.Probe:
-    """An active :class:`_harness.Probe` on the first convolution or linear layer of the eager
+    """An active :class:`harness.Probe` on the first convolution or linear layer of the eager
     ``model`` that its forward calls: not a MultiheadAttention's ``out_proj``, whose weight the
     attention uses without calling the layer (a hook there sees nothing)."""
     from torch import nn
@@ -452,7 +452,7 @@ def detach_first_layer(model) -> None:
 
 def learning_steps(job: Job, steps: int) -> tuple[list[dict[str, Any]], list[float]]:
     """The first ``steps`` training steps of the job from its seed, recorded for the learning
-    check (:class:`_harness.Learning`), and the time each took."""
+    check (:class:`harness.Learning`), and the time each took."""
     learning = h.Learning(steps, [job.model]).start()
     took = []
     try:

@@ -57,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: the data set and machine facts
 
-import _harness as h
+import harness as h
 import decode as decode_bench
 
 SMALL, LARGE = decode_bench.SIZES  # (width, height): 500x375 and 2400x1800

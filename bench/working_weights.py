@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _harness as h
+import harness as h
 import train_step as ts
 
 VARIANTS = ("autocast", "working-weights")

@@ -39,7 +39,7 @@ STEPS = 2
 
 def load_run_module():
     if str(REPO_ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports _harness from its folder
+        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports harness from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_run_fw", REPO_ROOT / "bench" / "run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -48,7 +48,7 @@ def load_run_module():
 
 
 def load_frameworks(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports _harness and multi_instance from its folder
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports harness and multi_instance from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_frameworks", REPO_ROOT / "bench" / "frameworks.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up

@@ -20,7 +20,7 @@ NAMES = ["stock", "patched, untuned", "patched, tuned", "patched, --nproc 2"]
 
 def load_run_module():
     if str(REPO_ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports _harness from its folder
+        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports harness from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_run_mi", REPO_ROOT / "bench" / "run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

@@ -1,5 +1,5 @@
 """bench/run.py without running a real benchmark: the rows it reads (the one schema of
-bench/_harness.py, as each bench writes them), the Markdown and README tables, the charts, and a
+bench/harness/rows.py, as each bench writes them), the Markdown and README tables, the charts, and a
 run of tiny fake benches (one failing, one too slow, one missing) through an injected registry.
 Also the benches' own row builders on made-up samples. Nothing asserts on a timing."""
 
@@ -17,9 +17,9 @@ from conftest import REPO_ROOT
 
 BENCH = REPO_ROOT / "bench"
 if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))  # the benches import _harness from their folder
+    sys.path.insert(0, str(BENCH))  # the benches import harness from their folder
 
-import _harness as h  # noqa: E402
+import harness as h  # noqa: E402
 
 
 def load_bench(name: str):

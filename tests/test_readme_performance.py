@@ -47,7 +47,7 @@ def test_readme_names_the_reports_machine_and_date():
     assert "bench/run.py" in section
 
 
-#: the benches whose variants train, and so are judged against stock's run (bench/_harness.py)
+#: the benches whose variants train, and so are judged against stock's run (bench/harness/)
 TRAINING_BENCHES = ("train_step", "multi_instance", "frameworks")
 
 
