@@ -57,8 +57,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/decode.py: the data set and machine facts
 
-import harness as h
 import decode as decode_bench
+import harness as h
 
 SMALL, LARGE = decode_bench.SIZES  # (width, height): 500x375 and 2400x1800
 MEAN = (0.485, 0.456, 0.406)

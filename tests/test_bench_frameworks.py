@@ -162,8 +162,10 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
 
     # what bench/run.py makes of it: the group prefix goes, so the groups share columns
-    run = load_run_module()
-    adapted = run.rows_of(run.BENCHES["frameworks"], report)
+    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
+    from suite.benches import BENCHES, rows_of
+
+    adapted = rows_of(BENCHES["frameworks"], report)
     assert [(r["group"], r["variant"], r["stock"]) for r in adapted] == [
         ("lightning", "stock", True),
         ("lightning", "nanopatch+bf16-mixed", False),

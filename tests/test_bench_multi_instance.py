@@ -98,7 +98,9 @@ def test_tiny_run_of_every_variant(tmp_path):
     )
 
     # what bench/run.py makes of it
-    run = load_run_module()
-    adapted = run.rows_of(run.BENCHES["multi_instance"], report)
+    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
+    from suite.benches import BENCHES, rows_of
+
+    adapted = rows_of(BENCHES["multi_instance"], report)
     assert [(r["variant"], r["stock"]) for r in adapted] == [(n, n == "stock") for n in NAMES]
     assert all(r["rate"] > 0 and r["ratio_to_stock"] is not None for r in adapted)

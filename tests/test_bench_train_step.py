@@ -291,11 +291,11 @@ def test_the_report_renders_does_not_learn(tiny_run):
     their ratio, ``broken`` as "does not learn" with no ratio and no bar."""
     import dataclasses
 
-    from test_bench_run import chart_parts, fake_facts, run
+    from test_bench_run import chart_parts, fake_facts, report_charts, report_markdown, report_readme, suite_benches
 
     _, report = tiny_run
-    every_variant = {"train_step": dataclasses.replace(run.BENCHES["train_step"], readme=None)}
-    rows = run.rows_of(every_variant["train_step"], report)
+    every_variant = {"train_step": dataclasses.replace(suite_benches.BENCHES["train_step"], readme=None)}
+    rows = suite_benches.rows_of(every_variant["train_step"], report)
     results = {
         **fake_facts(),
         "command": "python bench/run.py --quick",
@@ -305,18 +305,18 @@ def test_the_report_renders_does_not_learn(tiny_run):
     }
     stock = next(r for r in rows if r["variant"] == "stock")
     patched = next(r for r in rows if r["variant"] == "patched")
-    md = run.markdown(results, every_variant, {}).splitlines()
+    md = report_markdown.markdown(results, every_variant, {}).splitlines()
     (line,) = [line for line in md if line.startswith("| tiny | img/s |")]
     assert line.endswith("| **does not learn** |") and f"({patched['ratio_to_stock']:.2f}x, " in line
     assert any(x.startswith("- tiny: `broken`: does not learn as stock: at step 1") for x in md)
-    readme = run.readme_table(results, every_variant).splitlines()
+    readme = report_readme.readme_table(results, every_variant).splitlines()
     (line,) = [line for line in readme if line.startswith("| train_step | tiny |")]
     assert "broken **does not learn**" in line and f"patched {patched['ratio_to_stock']:.2f}x" in line
-    assert line.startswith(f"| train_step | tiny | {run.fmt_rate(stock['rate'])} img/s |")
+    assert line.startswith(f"| train_step | tiny | {report_markdown.fmt_rate(stock['rate'])} img/s |")
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    fig = run.chart_figure(results, "train_step", every_variant["train_step"])
+    fig = report_charts.chart_figure(results, "train_step", every_variant["train_step"])
     bars, texts = chart_parts(fig)
     plt.close(fig)
     assert "broken" not in bars and len(bars["patched"]) == 1 and "does not learn" in texts
