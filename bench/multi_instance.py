@@ -115,7 +115,7 @@ def variant_name(key: str, nproc: int) -> str:
 
 def build_model(name: str):
     if name == "tiny":
-        from train_step import tiny_model  # bench/ is the script's folder, first on sys.path
+        from families.train_step.models import tiny_model  # bench/ is the script's folder, first on sys.path
 
         return tiny_model(CLASSES)
     import torchvision

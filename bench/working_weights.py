@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h
-import train_step as ts
+from families.train_step import models as ts
 
 VARIANTS = ("autocast", "working-weights")
 
