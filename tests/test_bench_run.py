@@ -242,7 +242,9 @@ def test_import_cost_rows_flag_noise():
 
 
 def test_decode_and_transforms_rows():
-    decode = load_bench("decode")
+    load_bench("decode")  # the script imports; its rows are families/decode/summary.py's
+    from families.decode import summary as decode_summary
+
     sizes = {(500, 375): ["a.jpg", "b.jpg"]}
     same = {"500x375": {"pixels": "= stock"}}
     outputs = {"stock loader": same, "nanopatch loader": same}
@@ -252,7 +254,7 @@ def test_decode_and_transforms_rows():
         "cpu_share": {"stock loader|500x375": [0.99, 0.98], "nanopatch loader|500x375": [0.97, 0.99]},
         "faults": {"stock loader|500x375": [10, 10], "nanopatch loader|500x375": [1, 1]},
     }
-    stock, loader = decode.summarise([report, report], sizes)
+    stock, loader = decode_summary.summarise([report, report], sizes)
     assert stock["stock"] and stock["group"] == "500x375" and stock["rate"] == pytest.approx(105.0)
     assert loader["ratio_to_stock"] == pytest.approx(2.0) and loader["spread"] == [200.0, 220.0]
     assert loader["x_stock_per_process"] == [pytest.approx(2.0)] * 2 and loader["output"]["pixels"] == "= stock"
