@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-import _harness as h  # bench/ is this script's folder, first on sys.path
+import harness as h  # bench/ is this script's folder, first on sys.path
 
 STOCK = "import torch"
 VARIANTS = {

@@ -39,7 +39,7 @@ STEPS = 2
 
 def load_run_module():
     if str(REPO_ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports _harness from its folder
+        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports harness from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_run_fw", REPO_ROOT / "bench" / "run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -48,7 +48,7 @@ def load_run_module():
 
 
 def load_frameworks(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports _harness and multi_instance from its folder
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))  # it imports harness and families from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_frameworks", REPO_ROOT / "bench" / "frameworks.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
@@ -162,8 +162,10 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
 
     # what bench/run.py makes of it: the group prefix goes, so the groups share columns
-    run = load_run_module()
-    adapted = run.rows_of(run.BENCHES["frameworks"], report)
+    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
+    from suite.benches import BENCHES, rows_of
+
+    adapted = rows_of(BENCHES["frameworks"], report)
     assert [(r["group"], r["variant"], r["stock"]) for r in adapted] == [
         ("lightning", "stock", True),
         ("lightning", "nanopatch+bf16-mixed", False),
@@ -240,7 +242,12 @@ def fake_rank(rank: int, rate_s: float, *, patched: bool, world: int = 1, dtype:
 
 
 def test_report_ratios_targets_and_checks(monkeypatch, capsys):
-    fw = load_frameworks(monkeypatch)
+    load_frameworks(monkeypatch)  # bench/ on sys.path: its package imports
+    import harness as h
+    from families.frameworks import summary as fw_summary
+    from families.frameworks import table as fw_table
+    from families.frameworks import variants as fw_variants
+
     seconds = {  # 8 samples per rank: rate = 8 * ranks / seconds
         "stock": 1.0,
         "bf16-mixed": 0.5,
@@ -262,7 +269,7 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     }
     runs = {}
     for name, s in seconds.items():
-        v = fw.VARIANTS[name]
+        v = fw_variants.VARIANTS[name]
         bf16 = ("nanopatch", "nproc2", "nano-trainer", "nano-trainer-2", "timm-nanopatch")
         dtype = "bfloat16" if v.precision or name in bf16 else "float32"
         extra = {"precision": v.precision} if v.precision else {}
@@ -289,8 +296,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     # a checkout edited during the run: two versions of nanopatch's source between rounds
     second = {**runs["nanopatch+bf16-mixed"][0], "round": 1, "nanopatch_digest": "b"}
     runs["nanopatch+bf16-mixed"] = [{**runs["nanopatch+bf16-mixed"][0], "nanopatch_digest": "a"}, second]
-    args = argparse.Namespace(steps=2, warmup=1, tiny=True, **{k: 1 for k in fw.TINY if k != "tiny"})
-    rows = {r["variant"]: r for r in fw.summarise(list(seconds), runs, args, cores=2)}
+    args = argparse.Namespace(steps=2, warmup=1, tiny=True, **{k: 1 for k in fw_variants.TINY if k != "tiny"})
+    rows = {r["variant"]: r for r in fw_summary.summarise(list(seconds), runs, args, cores=2)}
 
     assert rows["nanopatch"]["ratio_to_stock"] == pytest.approx(2.5)
     assert rows["nanopatch"]["ratio_to_bf16_mixed"] == pytest.approx(1.25)
@@ -306,9 +313,9 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert broken["rate"] is None and broken["ratio_to_stock"] is None and "ratio_to_bf16_mixed" not in broken
     assert broken["rates"] == [] and broken["spread"] == [] and "targets" not in broken
     assert not {"cpu_use", "wall_s", "setup_s"} & set(broken["details"]) and broken["details"]["problems"] == []
-    kept = fw.h.runs_kept(broken, runs["nano-trainer-2"])
+    kept = h.runs_kept(broken, runs["nano-trainer-2"])
     assert not {"rate", "seconds", "cpu_s"} & set(kept[0]) and not {"seconds", "step_s"} & set(kept[0]["ranks"][0])
-    assert fw.h.runs_kept(rows["nproc2"], runs["nproc2"]) is runs["nproc2"]
+    assert h.runs_kept(rows["nproc2"], runs["nproc2"]) is runs["nproc2"]
     assert rows["nproc2"]["learning"]["learns"] is True and rows["nproc2"]["learning"]["against"] == "ddp-stock"
     assert rows["stock"]["learning"]["verdict"] == "the reference"
     assert rows["ddp-nanopatch"]["ratio_to_stock"] == pytest.approx(0.8)
@@ -355,13 +362,13 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
         "steps": 2,
         "warmup": 1,
         "learning_steps": 2,
-        "descriptions": fw.descriptions(args),
+        "descriptions": fw_table.descriptions(args),
         "rows": list(rows.values()),
         "loadavg_end": "1.0",
         "command": "python bench/frameworks.py",
         "seconds": 1.0,
     }
-    fw.print_markdown(report)
+    fw_table.print_markdown(report)
     text = capsys.readouterr().out
     assert ">= 1.8x stock: met; >= 1.1x bf16-mixed: met" in text
     assert ">= 1x ddp-stock: not met" in text and ">= 1.3x hf-stock: not met" in text

@@ -20,7 +20,7 @@ NAMES = ["stock", "patched, untuned", "patched, tuned", "patched, --nproc 2"]
 
 def load_run_module():
     if str(REPO_ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports _harness from its folder
+        sys.path.insert(0, str(REPO_ROOT / "bench"))  # it imports harness from its folder
     spec = importlib.util.spec_from_file_location("nanopatch_bench_run_mi", REPO_ROOT / "bench" / "run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -98,7 +98,9 @@ def test_tiny_run_of_every_variant(tmp_path):
     )
 
     # what bench/run.py makes of it
-    run = load_run_module()
-    adapted = run.rows_of(run.BENCHES["multi_instance"], report)
+    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
+    from suite.benches import BENCHES, rows_of
+
+    adapted = rows_of(BENCHES["multi_instance"], report)
     assert [(r["variant"], r["stock"]) for r in adapted] == [(n, n == "stock") for n in NAMES]
     assert all(r["rate"] > 0 and r["ratio_to_stock"] is not None for r in adapted)

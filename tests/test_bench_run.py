@@ -1,5 +1,5 @@
 """bench/run.py without running a real benchmark: the rows it reads (the one schema of
-bench/_harness.py, as each bench writes them), the Markdown and README tables, the charts, and a
+bench/harness/rows.py, as each bench writes them), the Markdown and README tables, the charts, and a
 run of tiny fake benches (one failing, one too slow, one missing) through an injected registry.
 Also the benches' own row builders on made-up samples. Nothing asserts on a timing."""
 
@@ -17,9 +17,9 @@ from conftest import REPO_ROOT
 
 BENCH = REPO_ROOT / "bench"
 if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))  # the benches import _harness from their folder
+    sys.path.insert(0, str(BENCH))  # the benches import harness from their folder
 
-import _harness as h  # noqa: E402
+import harness as h  # noqa: E402
 
 
 def load_bench(name: str):
@@ -31,6 +31,13 @@ def load_bench(name: str):
 
 
 run = load_bench("run")
+# what run.py runs and renders with: the registry and runner (bench/suite/), the renderer (bench/report/)
+from report import charts as report_charts  # noqa: E402
+from report import markdown as report_markdown  # noqa: E402
+from report import readme as report_readme  # noqa: E402
+from report import render as report_render  # noqa: E402
+from suite import benches as suite_benches  # noqa: E402
+from suite import runner as suite_runner  # noqa: E402
 
 # --- samples of each bench's rows (real --quick runs on the 2-core EPYC, trimmed) ---------------
 
@@ -136,19 +143,19 @@ def by_key(rows):
 
 
 def test_rows_of_keeps_the_common_keys():
-    decoded = run.rows_of(run.BENCHES["decode"], DECODE)
+    decoded = suite_benches.rows_of(suite_benches.BENCHES["decode"], DECODE)
     assert len(decoded) == 8 and all(set(r) == ROW_KEYS | {"cpu_share"} for r in decoded)
     cells = by_key(decoded)
     stock = cells[("500x375", "stock loader")]
     assert stock["stock"] and stock["ratio_to_stock"] == 1.0 and stock["rate"] == pytest.approx(972.289)
     assert [r["group"] for r in decoded if r["stock"]] == ["500x375", "2400x1800"]
-    multi = run.rows_of(run.BENCHES["multi_instance"], MULTI_INSTANCE)
+    multi = suite_benches.rows_of(suite_benches.BENCHES["multi_instance"], MULTI_INSTANCE)
     assert all("details" not in r for r in multi)  # the bench's own details stay in its raw JSON
     assert multi[0]["stock"] and multi[0]["ratio_to_stock"] == 1.0 and multi[1]["ratio_to_stock"] == 2.5
 
 
 def test_rows_of_notes_what_did_not_run():
-    cells = by_key(run.rows_of(run.BENCHES["train_step"], TRAIN_STEP))
+    cells = by_key(suite_benches.rows_of(suite_benches.BENCHES["train_step"], TRAIN_STEP))
     ipex = cells[("resnet18", "ipex")]
     assert ipex["rate"] is None and ipex["ratio_to_stock"] is None and not ipex["stock"]
     assert ipex["note"].startswith("skipped: ") and "--ipex-python" in ipex["note"]
@@ -171,23 +178,23 @@ def test_train_step_rows_keep_the_ratio_to_by_hand():
                   status="failed", error="boom"),
         ],
     }  # fmt: skip
-    cells = by_key(run.rows_of(run.BENCHES["train_step"], raw))
+    cells = by_key(suite_benches.rows_of(suite_benches.BENCHES["train_step"], raw))
     assert [cells[("resnet18", v)]["ratio_to_by_hand"] for v in ("stock", "by-hand", "patched")] == [0.5, 1.0, 1.1]
     patched = cells[("resnet18", "patched")]
     assert set(patched) == ROW_KEYS | {"ratio_to_by_hand"} and patched["ratio_to_stock"] == 2.2
     failed = cells[("resnet18", "lightning-bf16")]
     assert failed["rate"] is None and failed["ratio_to_by_hand"] is None and failed["note"] == "boom"
     # the other benches' rows have no such key and gain none
-    assert all("ratio_to_by_hand" not in r for r in run.rows_of(run.BENCHES["decode"], DECODE))
-    assert "lightning-bf16" in run.markdown(
-        {"benches": {"train_step": {"status": "ok", "rows": list(cells.values())}}}, run.BENCHES, {}
+    assert all("ratio_to_by_hand" not in r for r in suite_benches.rows_of(suite_benches.BENCHES["decode"], DECODE))
+    assert "lightning-bf16" in report_markdown.markdown(
+        {"benches": {"train_step": {"status": "ok", "rows": list(cells.values())}}}, suite_benches.BENCHES, {}
     )
 
 
 def test_frameworks_rows_lose_their_group_prefix():
     table = [("hf", "hf-stock", 50.0, 1.0), ("hf", "hf-nanopatch", 100.0, 2.0), ("lightning", "nproc2", 60.0, 2.2)]
     raw = {"rows": rows("frameworks", "samples/s", table, stock="hf-stock")}
-    shown = run.rows_of(run.BENCHES["frameworks"], raw)
+    shown = suite_benches.rows_of(suite_benches.BENCHES["frameworks"], raw)
     assert [(r["group"], r["variant"], r["stock"]) for r in shown] == [
         ("hf", "stock", True),
         ("hf", "nanopatch", False),
@@ -235,7 +242,9 @@ def test_import_cost_rows_flag_noise():
 
 
 def test_decode_and_transforms_rows():
-    decode = load_bench("decode")
+    load_bench("decode")  # the script imports; its rows are families/decode/summary.py's
+    from families.decode import summary as decode_summary
+
     sizes = {(500, 375): ["a.jpg", "b.jpg"]}
     same = {"500x375": {"pixels": "= stock"}}
     outputs = {"stock loader": same, "nanopatch loader": same}
@@ -245,19 +254,23 @@ def test_decode_and_transforms_rows():
         "cpu_share": {"stock loader|500x375": [0.99, 0.98], "nanopatch loader|500x375": [0.97, 0.99]},
         "faults": {"stock loader|500x375": [10, 10], "nanopatch loader|500x375": [1, 1]},
     }
-    stock, loader = decode.summarise([report, report], sizes)
+    stock, loader = decode_summary.summarise([report, report], sizes)
     assert stock["stock"] and stock["group"] == "500x375" and stock["rate"] == pytest.approx(105.0)
     assert loader["ratio_to_stock"] == pytest.approx(2.0) and loader["spread"] == [200.0, 220.0]
     assert loader["x_stock_per_process"] == [pytest.approx(2.0)] * 2 and loader["output"]["pixels"] == "= stock"
 
 
 def test_bench_command_lines(tmp_path):
-    quick, full = run.Options(quick=True), run.Options(ipex_python="/opt/ipex/bin/python")
+    quick, full = suite_benches.Options(quick=True), suite_benches.Options(ipex_python="/opt/ipex/bin/python")
     out = tmp_path / "out.json"
-    benches = run.BENCHES
+    benches = suite_benches.BENCHES
     assert benches["decode"].args(quick, out) == ["--quick", "--json"]
     assert benches["transforms"].args(full, out) == ["--json"]
-    assert benches["import_cost"].args(quick, out) == ["--rounds", str(run.IMPORT_COST_QUICK_ROUNDS), "--json"]
+    assert benches["import_cost"].args(quick, out) == [
+        "--rounds",
+        str(suite_benches.IMPORT_COST_QUICK_ROUNDS),
+        "--json",
+    ]
     assert benches["import_cost"].args(full, out) == ["--json"]
     assert benches["train_step"].args(quick, out) == ["--quick", "--json", str(out)]
     assert benches["train_step"].args(full, out) == ["--ipex-python", "/opt/ipex/bin/python", "--json", str(out)]
@@ -267,10 +280,10 @@ def test_bench_command_lines(tmp_path):
 
 
 def test_parse_json_output_skips_lines_before_it():
-    assert run.parse_json_output('{"a": 1}\n') == {"a": 1}
-    assert run.parse_json_output('a note\n{"a": [1,\n 2]}\n') == {"a": [1, 2]}
+    assert suite_runner.parse_json_output('{"a": 1}\n') == {"a": 1}
+    assert suite_runner.parse_json_output('a note\n{"a": [1,\n 2]}\n') == {"a": [1, 2]}
     with pytest.raises(ValueError):
-        run.parse_json_output("Traceback (most recent call last):\n  oops")
+        suite_runner.parse_json_output("Traceback (most recent call last):\n  oops")
 
 
 # --- reports --------------------------------------------------------------------------------
@@ -297,7 +310,12 @@ def fake_facts():
 def sample_results():
     benches = {}
     for name, raw in (("decode", DECODE), ("transforms", TRANSFORMS), ("train_step", TRAIN_STEP)):
-        benches[name] = {"status": "ok", "raw": raw, "rows": run.rows_of(run.BENCHES[name], raw), "seconds": 45.0}
+        benches[name] = {
+            "status": "ok",
+            "raw": raw,
+            "rows": suite_benches.rows_of(suite_benches.BENCHES[name], raw),
+            "seconds": 45.0,
+        }
     benches["import_cost"] = {
         "status": "failed",
         "error": "exited with code 1",
@@ -306,7 +324,7 @@ def sample_results():
         "seconds": 3.0,
     }
     return {
-        "schema": run.SCHEMA,
+        "schema": suite_benches.SCHEMA,
         "command": "PYTHONPATH=. python bench/run.py --quick",
         "quick": True,
         "started": "2026-11-22T00:30:00+00:00",
@@ -321,15 +339,21 @@ def sample_results():
 
 
 def test_markdown_marks_other_load():
-    entry = {"status": "ok", "rows": run.rows_of(run.BENCHES["multi_instance"], MULTI_INSTANCE), "seconds": 1.0}
-    text = run.markdown({**sample_results(), "benches": {"multi_instance": entry}}, run.BENCHES, {})
+    entry = {
+        "status": "ok",
+        "rows": suite_benches.rows_of(suite_benches.BENCHES["multi_instance"], MULTI_INSTANCE),
+        "seconds": 1.0,
+    }
+    text = report_markdown.markdown(
+        {**sample_results(), "benches": {"multi_instance": entry}}, suite_benches.BENCHES, {}
+    )
     assert "| resnet18 | img/s | 14.2\u2020 | 35.5\u2020 (2.50x) |" in text.splitlines()
     loaded = "(`stock` resnet18 12%, `patched, --nproc 2` resnet18 12%)"
     assert f"other load above 5% of all CPUs during a round {loaded}" in text
 
 
 def test_markdown_tables():
-    text = run.markdown(sample_results(), run.BENCHES, {"decode": "x-decode.png"})
+    text = report_markdown.markdown(sample_results(), suite_benches.BENCHES, {"decode": "x-decode.png"})
     assert text.startswith("# nanopatch benchmarks: 2026-11-22, testhost\n")
     assert "AMD EPYC 9R14, 2 physical cores" in text and "avx512_bf16" in text and "AMX: no" in text
     assert "torch 2.13.0" in text and "nanopatch 0.1.0" in text and "78f9672701cd" in text
@@ -354,7 +378,7 @@ def test_markdown_tables():
 
 
 def test_readme_table():
-    text = run.readme_table(sample_results(), run.BENCHES)
+    text = report_readme.readme_table(sample_results(), suite_benches.BENCHES)
     lines = text.splitlines()
     assert lines[0] == "| benchmark | pipeline / model | stock | nanopatch (speed-up over stock) |"
     assert "| decode | 500x375 | 972 img/s | loader 1.15x, DCT-scaled decode 1.24x |" in lines
@@ -373,9 +397,9 @@ def test_readme_table():
 
 def test_readme_import_cost_shows_the_difference():
     raw = {"rows": load_bench("import_cost").rows(IMPORT_COST_S)}
-    entry = {"status": "ok", "rows": run.rows_of(run.BENCHES["import_cost"], raw)}
+    entry = {"status": "ok", "rows": suite_benches.rows_of(suite_benches.BENCHES["import_cost"], raw)}
     results = {**sample_results(), "benches": {"import_cost": entry}}
-    lines = run.readme_table(results, run.BENCHES).splitlines()
+    lines = report_readme.readme_table(results, suite_benches.BENCHES).splitlines()
     assert (
         "| import_cost | start-up | 2674 ms | import nanopatch -155 ms (1.06x), + patch_torch() -170 ms (1.07x) |"
         in (lines)
@@ -387,7 +411,7 @@ def test_render_writes_charts(tmp_path):
     results = sample_results()
     path = tmp_path / "2026-11-22-testhost.json"
     path.write_text(json.dumps(results))
-    written = run.render(results, path, run.BENCHES)
+    written = report_render.render(results, path, suite_benches.BENCHES)
     names = sorted(p.name for p in written)
     assert names == [
         "2026-11-22-testhost-decode.png",
@@ -416,9 +440,9 @@ def test_results_stem_never_overwrites(tmp_path):
     import datetime as dt
 
     when = dt.datetime(2026, 11, 22, 9, 0)
-    assert run.results_stem(tmp_path, when, "my host/1") == "2026-11-22-my-host-1"
+    assert suite_runner.results_stem(tmp_path, when, "my host/1") == "2026-11-22-my-host-1"
     (tmp_path / "2026-11-22-my-host-1.json").write_text("{}")
-    assert run.results_stem(tmp_path, when, "my host/1") == "2026-11-22-my-host-1-2"
+    assert suite_runner.results_stem(tmp_path, when, "my host/1") == "2026-11-22-my-host-1-2"
 
 
 # --- a run of fake benches --------------------------------------------------------------------
@@ -432,7 +456,7 @@ def fake_bench(tmp_path: Path, name: str, code: str, *, json_to: str = "stdout",
     def args(options, json_path):
         return [*(["--quick"] if options.quick else []), *(["--json", str(json_path)] if json_to == "file" else [])]
 
-    return run.Bench(name=name, script=script, title=f"fake {name}", group_label="model", args=args,
+    return suite_benches.Bench(name=name, script=script, title=f"fake {name}", group_label="model", args=args,
                      json_to=json_to)  # fmt: skip
 
 
@@ -482,7 +506,7 @@ SLOW = """
 
 @pytest.fixture
 def quick_facts(monkeypatch):
-    monkeypatch.setattr(run, "machine_facts", fake_facts)
+    monkeypatch.setattr(suite_runner, "machine_facts", fake_facts)  # where run() looks it up
 
 
 def test_failing_bench_is_recorded_and_the_others_go_on(tmp_path, quick_facts, capsys):
@@ -527,7 +551,9 @@ def test_failing_bench_is_recorded_and_the_others_go_on(tmp_path, quick_facts, c
     assert benches["no_json"]["status"] == "failed" and "no JSON" in benches["no_json"]["error"]
     assert "a table, but no JSON" in benches["no_json"]["log_tail"]
 
-    assert results["skipped"] == {"missing": f"not run: {run.display_path(tmp_path / 'missing.py')} does not exist"}
+    assert results["skipped"] == {
+        "missing": f"not run: {suite_runner.display_path(tmp_path / 'missing.py')} does not exist"
+    }
     assert [f["bench"] for f in results["failures"]] == ["bad", "no_json"]
     assert len(results["rows"]) == 4 and results["machine"]["hostname"] == "testhost"
     assert results["git"]["commit"] is None or len(results["git"]["commit"]) == 40
@@ -562,7 +588,7 @@ def test_timeout_stops_the_bench(tmp_path, quick_facts):
 
 
 def test_machine_facts_from_the_harness():
-    facts = run.machine_facts()
+    facts = suite_runner.machine_facts()
     machine, versions = facts["machine"], facts["versions"]
     assert machine["cpu_model"] and machine["logical_cpus"] >= 1 and isinstance(machine["flags"], list)
     assert versions["torch"] and versions["nanopatch"] and "opencv-python" not in versions
@@ -610,19 +636,24 @@ def test_a_variant_that_does_not_learn_keeps_no_rate():
     # no speed-up can be computed from what is left of its row
     assert broken["rate"] is None and broken["ratio_to_stock"] is None
     assert broken["rates"] == [] and broken["spread"] == [] and "ratio_per_round" not in broken
-    kept = by_key(run.rows_of(run.BENCHES["train_step"], raw))
+    kept = by_key(suite_benches.rows_of(suite_benches.BENCHES["train_step"], raw))
     assert kept[("resnet18", "compile")]["learning"]["learns"] is False
     assert kept[("resnet18", "compile")]["rate"] is None and kept[("resnet18", "compile")]["ratio_to_stock"] is None
 
 
 def learning_results():
     raw = judged_train_step_rows()
-    entry = {"status": "ok", "raw": raw, "rows": run.rows_of(run.BENCHES["train_step"], raw), "seconds": 10.0}
+    entry = {
+        "status": "ok",
+        "raw": raw,
+        "rows": suite_benches.rows_of(suite_benches.BENCHES["train_step"], raw),
+        "seconds": 10.0,
+    }
     return {**sample_results(), "benches": {"train_step": entry}, "failures": [], "rows": entry["rows"]}
 
 
 def test_markdown_says_does_not_learn_with_the_reason():
-    text = run.markdown(learning_results(), run.BENCHES, {})
+    text = report_markdown.markdown(learning_results(), suite_benches.BENCHES, {})
     lines = text.splitlines()
     assert "| resnet18 | img/s | 40.0 | 80.0 (2.00x) | **does not learn** |" in lines
     assert "3.00x" not in text and "120" not in text
@@ -633,13 +664,13 @@ def test_markdown_says_does_not_learn_with_the_reason():
 
 
 def test_readme_table_says_does_not_learn():
-    lines = run.readme_table(learning_results(), run.BENCHES).splitlines()
+    lines = report_readme.readme_table(learning_results(), suite_benches.BENCHES).splitlines()
     assert "| train_step | resnet18 | 40.0 img/s | patched 2.00x, compile **does not learn** |" in lines
     assert any(line.startswith("**does not learn**: its first training steps from the seed") for line in lines)
     # a report from before the learning check (no verdict in its rows) renders as it did
     assert (
         "| train_step | resnet18 | 38.8 img/s | patched 1.52x, compile 1.82x\u2020 |"
-        in run.readme_table(sample_results(), run.BENCHES).splitlines()
+        in report_readme.readme_table(sample_results(), suite_benches.BENCHES).splitlines()
     )
 
 
@@ -655,7 +686,7 @@ def test_chart_draws_no_speed_up_for_a_variant_that_does_not_learn():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    fig = run.chart_figure(learning_results(), "train_step", run.BENCHES["train_step"])
+    fig = report_charts.chart_figure(learning_results(), "train_step", suite_benches.BENCHES["train_step"])
     try:
         bars, texts = chart_parts(fig)
     finally:

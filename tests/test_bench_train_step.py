@@ -205,6 +205,7 @@ def test_profile(tiny_run):
 
 
 def load_bench():
+    """bench/train_step.py, loaded as a module; it puts bench/ on sys.path, so its package imports."""
     spec = importlib.util.spec_from_file_location("nanopatch_bench_train_step", REPO_ROOT / "bench" / "train_step.py")
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench
@@ -215,16 +216,18 @@ def load_bench():
 def test_the_roof_is_fp32s_on_a_cpu_without_native_bf16():
     """On an AMD EPYC before Zen 4 bf16 products are emulated (0.3 against fp32's 129 GFLOP/s):
     the roof a step is read against is the faster rate, and the line says which."""
-    bench = load_bench()
+    load_bench()
+    from families.train_step import roof
+
     emulated = {"bfloat16": 3e8, "float32": 1.29e11}
-    rows = bench.with_roof([{"rate": 500.0}, {"rate": None}], emulated, 1.5e8)
+    rows = roof.with_roof([{"rate": 500.0}, {"rate": None}], emulated, 1.5e8)
     assert rows[0]["roof_fraction"] == pytest.approx(500 * 1.5e8 / 1.29e11) and rows[1]["roof_fraction"] is None
-    line = bench.roof_line(
+    line = roof.roof_line(
         {"matmul_flops": emulated, "n": 2048, "measured_in": "stock", "flops_per_sample": 1.5e8}, "tokens/s"
     )
     assert "bf16 0.3 GFLOP/s, fp32 129 GFLOP/s" in line and "fraction of the faster rate, fp32" in line
     native = {"bfloat16": 2.4e12, "float32": 3.9e11}
-    assert bench.with_roof([{"rate": 500.0}], native, 1.5e8)[0]["roof_fraction"] == pytest.approx(500 * 1.5e8 / 2.4e12)
+    assert roof.with_roof([{"rate": 500.0}], native, 1.5e8)[0]["roof_fraction"] == pytest.approx(500 * 1.5e8 / 2.4e12)
 
 
 def test_probe_sees_a_layer_the_transformer_calls():
@@ -233,15 +236,17 @@ def test_probe_sees_a_layer_the_transformer_calls():
     table says what the step ran rather than "not probed"."""
     import torch
 
-    bench = load_bench()
-    model = bench.transformer_lm(8)
-    probe = bench.attach_probe(model)
+    load_bench()
+    from families.train_step import inside, models
+
+    model = models.transformer_lm(8)
+    probe = inside.attach_probe(model)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            model(torch.randint(0, bench.VOCAB, (2, 8))).float().sum().backward()
+            model(torch.randint(0, models.VOCAB, (2, 8))).float().sum().backward()
     finally:
         probe.detach()
-    found = bench.probe_result(probe)
+    found = inside.probe_result(probe)
     assert found["layer"] == "encoder.layers.0.linear1 (Linear)" and found["calls"] == 1, found
     assert found["dtypes"] == {"bfloat16": 1} and found["inputs_4d"] == 0
 
@@ -291,11 +296,11 @@ def test_the_report_renders_does_not_learn(tiny_run):
     their ratio, ``broken`` as "does not learn" with no ratio and no bar."""
     import dataclasses
 
-    from test_bench_run import chart_parts, fake_facts, run
+    from test_bench_run import chart_parts, fake_facts, report_charts, report_markdown, report_readme, suite_benches
 
     _, report = tiny_run
-    every_variant = {"train_step": dataclasses.replace(run.BENCHES["train_step"], readme=None)}
-    rows = run.rows_of(every_variant["train_step"], report)
+    every_variant = {"train_step": dataclasses.replace(suite_benches.BENCHES["train_step"], readme=None)}
+    rows = suite_benches.rows_of(every_variant["train_step"], report)
     results = {
         **fake_facts(),
         "command": "python bench/run.py --quick",
@@ -305,18 +310,18 @@ def test_the_report_renders_does_not_learn(tiny_run):
     }
     stock = next(r for r in rows if r["variant"] == "stock")
     patched = next(r for r in rows if r["variant"] == "patched")
-    md = run.markdown(results, every_variant, {}).splitlines()
+    md = report_markdown.markdown(results, every_variant, {}).splitlines()
     (line,) = [line for line in md if line.startswith("| tiny | img/s |")]
     assert line.endswith("| **does not learn** |") and f"({patched['ratio_to_stock']:.2f}x, " in line
     assert any(x.startswith("- tiny: `broken`: does not learn as stock: at step 1") for x in md)
-    readme = run.readme_table(results, every_variant).splitlines()
+    readme = report_readme.readme_table(results, every_variant).splitlines()
     (line,) = [line for line in readme if line.startswith("| train_step | tiny |")]
     assert "broken **does not learn**" in line and f"patched {patched['ratio_to_stock']:.2f}x" in line
-    assert line.startswith(f"| train_step | tiny | {run.fmt_rate(stock['rate'])} img/s |")
+    assert line.startswith(f"| train_step | tiny | {report_markdown.fmt_rate(stock['rate'])} img/s |")
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    fig = run.chart_figure(results, "train_step", every_variant["train_step"])
+    fig = report_charts.chart_figure(results, "train_step", every_variant["train_step"])
     bars, texts = chart_parts(fig)
     plt.close(fig)
     assert "broken" not in bars and len(bars["patched"]) == 1 and "does not learn" in texts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from test_bench_run import run
+from test_bench_run import report_readme, suite_benches
 
 from conftest import REPO_ROOT
 
@@ -36,7 +36,7 @@ def test_readme_table_is_the_rendered_report():
     results = named_report()
     assert not results["quick"], "the README quotes a full run, not a quick one"
     assert results["complete"] and not results["failures"]
-    assert table_lines(performance_section()) == table_lines(run.readme_table(results, run.BENCHES))
+    assert table_lines(performance_section()) == table_lines(report_readme.readme_table(results, suite_benches.BENCHES))
 
 
 def test_readme_names_the_reports_machine_and_date():
@@ -47,7 +47,7 @@ def test_readme_names_the_reports_machine_and_date():
     assert "bench/run.py" in section
 
 
-#: the benches whose variants train, and so are judged against stock's run (bench/_harness.py)
+#: the benches whose variants train, and so are judged against stock's run (bench/harness/)
 TRAINING_BENCHES = ("train_step", "multi_instance", "frameworks")
 
 

@@ -1,0 +1,176 @@
+"""multi_instance's rows and report: what each variant ran with, its problems, and the comparisons."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import harness as h
+
+from families.multi_instance.launch import GROUP, NPROC, STOCK, TUNED, UNTUNED, command, facts_of, variant_name
+
+#: facts that must not change from one round to the next
+STABLE = ("processes", "threads", "affinity", "jemalloc", "tcmalloc", "world_size", "ddp", "loader_batches")
+
+
+def ran_with(d: dict[str, Any]) -> str:
+    """A short account of a variant's details, for the table."""
+    if d["processes"] == 1:
+        parts = [f"1 process, {h.plural(d['threads'][0], 'thread')}, CPUs {d['affinity'][0]}"]
+    else:
+        threads = "/".join(map(str, sorted(set(d["threads"]))))
+        word = "thread" if threads == "1" else "threads"
+        parts = [f"{d['processes']} processes x {threads} {word}, CPUs {' | '.join(d['affinity'])}"]
+    if any(len(t) > 1 for t in d["thread_cpus"]):  # threads allowed on different CPU sets
+        parts.append("OpenMP threads pinned")
+    strays = sorted({n for names in d["threads_outside_own_cpus"] for n in names})
+    if strays:
+        count = max(len(names) for names in d["threads_outside_own_cpus"])
+        parts.append(f"up to {count} threads per process not confined to its CPUs ({', '.join(strays)})")
+    alloc = "jemalloc" if all(d["jemalloc"]) else "tcmalloc" if all(d["tcmalloc"]) else None
+    if alloc is None and (any(d["jemalloc"]) or any(d["tcmalloc"])):
+        alloc = "allocator differs between ranks"
+    parts.append(alloc or "glibc malloc")
+    if d["processes"] > 1 or max(d["world_size"]) > 1:
+        ddp = "DDP" if all(d["ddp"]) else "no DDP"
+        parts.append(f"world {max(d['world_size'])} ({d['backend']}), {ddp}")
+        parts.append(f"{d['loader_batches'][0]} batches/epoch per rank")
+    if d["nanopatch_imported"][0] and d["channels_last"][0]:
+        parts.append("channels-last")
+    return ", ".join(parts)
+
+
+def problems(key: str, d: dict[str, Any], physical_cores: int, nproc: int) -> list[str]:
+    """What a variant's details say it did not run as it should."""
+    found = []
+    if key == STOCK and any(d["nanopatch_imported"]):
+        found.append("nanopatch was imported")
+    if key != STOCK and not all(d["nanopatch_imported"]):
+        found.append("nanopatch was not imported")
+    if key == NPROC:
+        if d["processes"] != nproc or set(d["world_size"]) != {nproc}:
+            found.append(f"{d['processes']} processes, world size {d['world_size']} (expected {nproc})")
+        if not all(d["ddp"]):
+            found.append("no DistributedDataParallel in some rank")
+        if physical_cores >= nproc and not d["disjoint_affinity"]:
+            found.append(f"ranks' CPUs overlap: {' | '.join(d['affinity'])}")
+        if not d["ranks_in_sync"]:
+            found.append("ranks' parameters differ after the run (gradients not averaged)")
+        if not d["ranks_saw_different_data"]:
+            found.append("ranks saw the same first batch (loader not sharded)")
+    elif max(d["world_size"]) != 1:
+        found.append(f"world size {d['world_size']}")
+    return found
+
+
+def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, cores: int, physical: int):
+    rows, by_key = [], {}
+    group = GROUP if args.model == "resnet18" else args.model
+    for key in keys:
+        ok = [r for r in runs[key] if "rate" in r]
+        name, command_line = variant_name(key, args.nproc), shlex.join(command(key, args, "OUT"))
+        r = h.ranks_row("multi_instance", group, name, "img/s", runs[key], cores, stock=key == STOCK, key=key)
+        r["command"] = command_line
+        if ok:
+            facts = facts_of(ok[-1])
+            changed = [f for f in STABLE if any(facts_of(x)[f] != facts[f] for x in ok)]
+            d = r["details"]
+            d.update(facts, changed_between_rounds=changed, step_s_per_rank=[x["step_s"] for x in ok[-1]["ranks"]])
+            d["problems"] = problems(key, d, physical, args.nproc) + [f"{f} changed between rounds" for f in changed]
+        h.learning_row(r, h.record_of(runs[key]), h.record_of(runs.get(STOCK, [])), variant_name(STOCK, args.nproc))
+        rows.append(r)
+        by_key[key] = r
+    h.ratios_to(rows, by_key.get(STOCK))
+    h.ratios_to(rows, by_key.get(TUNED), "ratio_to_tuned")
+    return rows, by_key
+
+
+def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
+    pairs = [
+        (NPROC, TUNED, f"--nproc {nproc} vs one process on all cores (patched, tuned)"),
+        (TUNED, UNTUNED, "tuned vs untuned single process"),
+        (TUNED, STOCK, "patched, tuned vs stock"),
+    ]
+    out = []
+    for a, b, label in pairs:
+        ra, rb = by_key.get(a), by_key.get(b)
+        if not ra or not rb or ra["rate"] is None or rb["rate"] is None:
+            continue
+        rounds = h.per_round(ra["rates"], ra["rounds"], rb["rates"], rb["rounds"])
+        out.append(
+            {
+                "label": label,
+                "variant": ra["variant"],
+                "against": rb["variant"],
+                "ratio": ra["rate"] / rb["rate"],
+                "per_round": rounds,
+            }
+        )
+    return out
+
+
+def print_markdown(report: dict[str, Any]) -> None:
+    m = report["machine"]
+    print("## Several training instances on one machine\n")
+    print(h.cpu_line(m) + f"; torch {m['torch']}, Python {m['python']}")
+    print(
+        f"- {report['description']}; {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} "
+        f"per run after {report['warmup']} warm-up, each run a fresh process (group), order rotated each round; "
+        f"1-min load average at start {m['loadavg_start']}"
+    )
+    print("\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | other load | ran with |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for row in report["rows"]:
+        if h.learns(row) is False:  # no rate: the verdict instead
+            print(f"| {row['variant']} | {h.DOES_NOT_LEARN} |  |  |  |  |  | {h.cell(row['note'])} |")
+            continue
+        if row["rate"] is None:
+            error = h.cell(row.get("error", "?"))
+            print(f"| {row['variant']} | failed |  |  |  |  |  | {error} |")
+            continue
+        d = row["details"]
+        low, high = row["spread"]
+        cells = [
+            row["variant"],
+            h.fmt(row["rate"]),
+            f"{h.fmt(low)}-{h.fmt(high)}",
+            f"{row['ratio_to_stock']:.2f}x" if row["ratio_to_stock"] is not None else "",
+            f"{row['ratio_to_tuned']:.2f}x" if "ratio_to_tuned" in row else "",
+            f"{d['cpu_use'] * 100:.0f}%",
+            f"{max(d['other_load']) * 100:.0f}%" if d["other_load"] else "?",
+            ran_with(d),
+        ]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    for c in report["comparisons"]:
+        rounds = c["per_round"]
+        spread = f" (per round {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else ""
+        print(f"- **{c['label']}**: {c['ratio']:.2f}x{spread}")
+    for row in report["rows"]:
+        for problem in row["details"].get("problems", []):
+            print(f"- warning: `{row['variant']}`: {problem}")
+        if row["details"].get("load_warning"):
+            print(f"- warning: `{row['variant']}`: {row['details']['load_warning']}")
+        if row.get("failed_runs"):
+            print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {row['error']}")
+    for row in report["rows"]:
+        if row.get("learning"):
+            print(f"- learning: {h.learning_line(row)}")
+    nproc_row = next((r for r in report["rows"] if r["key"] == NPROC and "problems" in r["details"]), None)
+    if nproc_row is not None:
+        d = nproc_row["details"]
+        print(
+            f"- `{nproc_row['variant']}` checks: CPUs of the ranks "
+            f"{'disjoint' if d['disjoint_affinity'] else 'overlapping'} ({' | '.join(d['affinity'])}); "
+            f"ranks saw {'different' if d['ranks_saw_different_data'] else 'the same'} data; parameters "
+            f"{'equal' if d['ranks_in_sync'] else 'different'} across ranks after the run"
+        )
+    print(
+        "\nimg/s: images of all processes / the slowest process's time for the timed steps; the median over "
+        "the rounds. CPU: CPU time of all processes / (wall time x cores allowed). other load: the most CPU "
+        "time other processes of the machine took during one of the variant's runs (from /proc/stat, less this "
+        "run's own), as a share of all CPUs. ran with: what the workers "
+        "reported after the run (torch threads, CPU affinity when the process started, allocator mapped, "
+        "process group)."
+    )
+    print(f"\nCommand: `{report['command']}`; run took {report['seconds']:.0f} s.")

@@ -1,0 +1,1 @@
+"""bench/working_weights.py's code: the prototype of bf16 working weights against autocast, and its table."""

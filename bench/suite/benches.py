@@ -1,0 +1,160 @@
+"""The benches bench/run.py knows: how to run each (its script and options, where its JSON goes)
+and how to read its rows into the report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import one_line
+
+BENCH_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = BENCH_DIR.parent
+#: 2: the training benches' rows carry ``learning`` (their verdict against stock's run)
+SCHEMA = 2
+IMPORT_COST_QUICK_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the benches are asked for."""
+
+    quick: bool = False
+    ipex_python: str | None = None
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark script and how to read it.
+
+    ``args(options, json_path)`` gives its command-line options; with ``json_to == "stdout"`` its
+    JSON is what it prints, with ``"file"`` what it writes to ``json_path``; its ``rows`` are in
+    the one schema of bench/harness/rows.py. ``label(variant)`` is the variant's name in the report.
+    ``readme`` maps the variants shown in the README table to short labels (None: every variant but
+    stock, by name). ``show_delta`` adds the difference from stock in the rate's unit (for times)."""
+
+    name: str
+    script: Path
+    title: str
+    group_label: str
+    args: Callable[[Options, Path], list[str]]
+    label: Callable[[str], str] = str
+    json_to: str = "stdout"
+    about: str = ""
+    readme: dict[str, str] | None = None
+    show_delta: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+#: the keys of a row (bench/harness/rows.py's ``row``) that the report keeps; the rest stays in ``raw``.
+#: ``ratio_to_by_hand``: train_step's speed-up over its ``by-hand`` row (the step edited for bf16 and channels-last);
+#: ``model_flops``, ``roof_fraction``: train_step's model FLOP/s and their share of the matmul roof measured
+#: in the same run (the faster of bf16's and fp32's rates);
+#: ``learning``: a training variant's loss and gradient count per step beside stock's, and its verdict (a row
+#: whose variant does not learn as stock has no rate and no ratio)
+ROW_KEYS = (
+    "bench", "group", "variant", "rate", "unit", "ratio_to_stock", "stock", "spread", "note", "cpu_share",
+    "other_load", "noisy", "ratio_to_by_hand", "learning", "model_flops", "roof_fraction",
+)  # fmt: skip
+
+
+def rows_of(bench: Bench, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bench's rows as the report keeps them: the common keys, the variant shown by ``label``."""
+    rows = []
+    for r in raw["rows"]:
+        kept = {k: r[k] for k in ROW_KEYS if k in r}
+        kept["bench"] = bench.name
+        kept["variant"] = bench.label(r["variant"])
+        if kept["rate"] is None and not kept.get("note"):
+            kept["note"] = one_line(r.get("error") or "did not run")
+        rows.append(kept)
+    return rows
+
+
+def frameworks_label(variant: str) -> str:
+    """``hf-nanopatch`` -> ``nanopatch``: the groups share columns."""
+    return re.sub(r"^(ddp|hf|timm)-", "", variant)
+
+
+def _quick(options: Options) -> list[str]:
+    return ["--quick"] if options.quick else []
+
+
+def json_to_stdout(options: Options, _: Path) -> list[str]:
+    return [*_quick(options), "--json"]
+
+
+def json_to_file(options: Options, path: Path) -> list[str]:
+    return [*_quick(options), "--json", str(path)]
+
+
+BENCHES: dict[str, Bench] = {
+    bench.name: bench
+    for bench in (
+        Bench(
+            name="decode",
+            script=BENCH_DIR / "decode.py",
+            title="JPEG loading: torchvision's pil_loader, stock against nanopatch",
+            group_label="size",
+            args=json_to_stdout,
+            about="images/s on one pinned core, file read included; stock = torchvision's own `pil_loader`",
+            readme={"nanopatch loader": "loader", "nanopatch DCT-scaled (min 224)": "DCT-scaled decode"},
+        ),
+        Bench(
+            name="transforms",
+            script=BENCH_DIR / "transforms.py",
+            title="ImageFolder + torchvision transforms pipelines",
+            group_label="pipeline",
+            args=json_to_stdout,
+            about="images/s of `dataset[i]` on one pinned core; stock = torchvision as installed",
+            readme={"nanopatch": "nanopatch", "nanopatch fast decode": "fast decode"},
+        ),
+        Bench(
+            name="train_step",
+            script=BENCH_DIR / "train_step.py",
+            title="Training step: stock PyTorch against nanopatch's training patch",
+            group_label="model",
+            args=lambda o, path: [*(["--ipex-python", o.ipex_python] if o.ipex_python else []), *json_to_file(o, path)],
+            json_to="file",
+            about="samples/s of a full training step with torch's default threads; stock = nanopatch not imported",
+            readme={"patched": "patched", "compile": "compile", "ipex": "IPEX"},
+        ),
+        Bench(
+            name="multi_instance",
+            script=BENCH_DIR / "multi_instance.py",
+            title="Several training instances on one machine",
+            group_label="model",
+            args=json_to_file,
+            json_to="file",
+            about="total samples/s; stock = plain python, nanopatch not imported",
+        ),
+        Bench(
+            name="frameworks",
+            script=BENCH_DIR / "frameworks.py",
+            title="Framework training code: Lightning, Hugging Face Trainer, timm",
+            group_label="framework",
+            args=json_to_file,
+            label=frameworks_label,
+            json_to="file",
+            about="samples/s of the training steps of unmodified framework scripts; stock = plain python",
+            readme={"nanopatch": "nanopatch", "nanopatch+bf16-mixed": "nanopatch + bf16-mixed", "nproc2": "--nproc 2"},
+        ),
+        Bench(
+            name="import_cost",
+            script=BENCH_DIR / "import_cost.py",
+            title="Start-up: what importing nanopatch adds to import torch",
+            group_label="command",
+            args=lambda o, _: [*(["--rounds", str(IMPORT_COST_QUICK_ROUNDS)] if o.quick else []), "--json"],
+            about="median wall time of `python -c ...`, interleaved rounds; ratio = stock's time / the variant's",
+            readme={
+                "import torch, nanopatch": "import nanopatch",
+                "import torch, nanopatch + patch_torch()": "+ patch_torch()",
+            },
+            show_delta=True,
+        ),
+    )
+}
