@@ -4,7 +4,7 @@ Runs the benches in bench/ one after another, each as its own subprocess that ti
 nanopatch side by side exactly as it does when run alone (this script times nothing itself), with
 a progress bar over the benches. Each bench's output goes to a log file beside the results; a
 bench that fails is recorded as failed, with the tail of its log, and the others go on (the exit
-code is then 1). Every bench writes its results as rows of one schema (bench/_harness.py: bench,
+code is then 1). Every bench writes its results as rows of one schema (bench/harness/rows.py: bench,
 group = pipeline and size or model, variant, rate, unit, ratio to stock, spread); they are written,
 with the machine, the versions, the git commit and the command, to
 ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``, one table per bench)
