@@ -79,7 +79,7 @@ def test_resize_crop_is_the_full_resize_cropped(seed):
 
 
 def test_resize_crop_box_as_wide_as_its_output():
-    """Regression: a boxed second pass whose source lines are as many as its outputs (here an
+    """A boxed second pass whose source lines are as many as its outputs (here an
     upscale, 5 columns -> 5) is still a resample, not a copy."""
     rng = np.random.default_rng(0)
     arr = _noise(rng, 538, 374)
