@@ -1,4 +1,6 @@
-"""Real training code, not only ours (DESIGN.md section 6): PyTorch Lightning (automatic and manual
+"""The patch on training code that others wrote: frameworks and real-world training patterns.
+
+Real training code, not only ours (DESIGN.md section 6): PyTorch Lightning (automatic and manual
 optimization, its own bf16, its checkpoints, its DDP), the Hugging Face Trainer and accelerate, timm
 (optimizer factory, EMA), a DCGAN, closures with the user's own hooks, several inputs, models built
 before the patch, output activation heads, pickles and checkpoints, and the warning when nanopatch
