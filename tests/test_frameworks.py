@@ -45,12 +45,12 @@ REQUIRE_FRAMEWORKS = os.environ.get("NANOPATCH_TEST_REQUIRE_FRAMEWORKS") == "1"
 #: not depend on the CPU the suite runs on), IPEX off (the native path; IPEX has its own tests).
 PATCH = {"bf16": True, "channels_last": True, "ipex": False}
 
-#: bf16 keeps 8 significant bits: each operation rounds by up to 2**-9 (0.2%). On these small
-#: models each step's loss stays within about 0.1% of the same run in fp32 (the weights have moved
-#: by a few bf16-rounded gradients, which Adam/SGD partly average out; timm's deeper ResNet goes
-#: up to 2.7% and gets 10%). 5% leaves room for other CPUs (AMX accumulates differently) without letting a
-#: real failure through: a loss of 100 from a log(0), a model that stopped learning, a NaN, or a
-#: run that trained on other data. The stock runs' losses fall by 15-60%, well over that.
+#: bf16 keeps 8 significant bits: each operation rounds by up to 2**-9 (0.2%). On these small models
+#: each step's loss stays within about 0.1% of the same run in fp32 (the weights have moved by a few
+#: bf16-rounded gradients, which Adam/SGD partly average out; timm's deeper ResNet goes up to 2.7%
+#: and gets 10%). 5% leaves room for other CPUs (AMX accumulates differently) without letting a real
+#: failure through: a loss of 100 from a log(0), a model that stopped learning, a NaN, or a run that
+#: trained on other data. The stock runs' losses fall by 15-60%, well over that.
 LOSS_RTOL = 0.05
 
 #: Optimizer steps per run: enough for the loss to move, few enough for a 2-core machine.

@@ -7,9 +7,9 @@ transform scripts as the v1 class its class records in ``_v1_transform_cls``, wh
 evaluates from ``torchvision.transforms`` when v2 is first imported; the vision patch imports v2
 before it replaces any v1 class, so every stock v2 class records stock's v1 class in either import
 order, while patched and after ``unpatch_torch()`` (patching before v2's first import would
-otherwise leave every stock v2 class pointing at nanopatch's v1 class for good, and scripting a
-v2 transform would compile nanopatch's ``forward(*args)``). This process imports v2 before it patches;
-the other orders run in fresh interpreters.
+otherwise leave every stock v2 class pointing at nanopatch's v1 class for good, and scripting a v2
+transform would compile nanopatch's ``forward(*args)``). This process imports v2 before it
+patches; the other orders run in fresh interpreters.
 """
 
 from __future__ import annotations

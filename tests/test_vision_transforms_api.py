@@ -173,9 +173,9 @@ def test_resize_to_a_size_below_one_raises_stocks_value_error(size, patched):
 
 @pytest.mark.parametrize("mode", tc.ALL_MODES, ids=lambda m: m.name)
 def test_resize_without_antialias_warns_as_often_as_stock(mode, patched):
-    """Stock warns once that antialias=False is ignored for a PIL image; ours too, also with an
-    interpolation its kernel lacks (NEAREST_EXACT), which Resize hands to stock's code, which
-    would warn a second time."""
+    """Stock warns once that antialias=False is ignored for a PIL image; ours too, also for an
+    interpolation its kernel lacks (NEAREST_EXACT): Resize hands that to stock's code, which
+    warns, so Resize must not warn first."""
     img = rgb(262, 339)
     for recipe in [
         R("Resize", 64, interpolation=mode, antialias=False),

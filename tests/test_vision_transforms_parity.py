@@ -265,9 +265,9 @@ def edge_failures(recipe: Recipe, sizes) -> list[str]:
 
 @pytest.mark.parametrize("recipe", EDGE_RECIPES, ids=repr)
 def test_edge_sizes_match_stock(recipe):
-    """1x1, 1xN, Nx1 and tiny images, outputs of one pixel, sizes that round to zero. (A bilinear
-    resize of an RGB image to 1x1 trips an internal assert in torch's kernel, and an output size
-    below one must raise stock's ValueError, not NotImplementedError.)"""
+    """1x1, 1xN, Nx1 and tiny images, outputs of one pixel, sizes that round to zero. (These matter: a
+    bilinear resize of an RGB image to 1x1 trips an internal assert in torch's kernel, and an output
+    size below one must raise stock's ValueError, not NotImplementedError.)"""
     failures = edge_failures(recipe, EDGE_SIZES)
     assert not failures, f"{recipe!r}:\n" + "\n".join(failures[:10])
 
@@ -440,9 +440,9 @@ def test_pipelines_on_ndarrays_do_what_stocks_do():
 #: then 4 (the mean grey moves by at most 1), then 8 (luma of pixels 4 apart: at most 5). Hue
 #: shifts in Pillow's 8-bit HSV, where torchvision's own tolerance for hue against PIL is 16.1:
 #: one level plus that. Beyond the maximum, per call: few values more than one level off, and the
-#: issue's mean bound. The shares leave room over what 6 images at 25 seeds each give (224x224 RGB
-#: out; 5 synthetic photos and matplotlib's grace_hopper.jpg): under 1% of a call's values more
-#: than one level off without hue, under 2% with it.
+#: issue's mean bound. The shares below (1% / 2%, without / with hue) leave room over what 6 images
+#: at 25 seeds each give (224x224 RGB out; 5 synthetic photos and matplotlib's grace_hopper.jpg):
+#: under 0.5% / 1% of a call's values more than one level off.
 JITTER_PIPELINE_TOL = {
     "no hue": {"max": tc.AMPLIFIED_MAX[False], "share_over_1": 0.01, "mean": tc.DEFAULT_TOL.mean},
     "hue": {"max": tc.AMPLIFIED_MAX[True], "share_over_1": 0.02, "mean": tc.DEFAULT_TOL.mean},
