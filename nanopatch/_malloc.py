@@ -4,10 +4,10 @@ A training step allocates and frees the same large buffers every step: activatio
 gradients, a language model's logits. glibc serves every block above its mmap threshold
 (128 KiB, rising to at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so the
 next step's block is new memory again, and the kernel zero-fills each of its pages on first
-touch. On the machines measured that costs 20-30% of a bf16 training step (ResNet-18, batch 32:
-600 ms a step, 440 ms without it). tcmalloc and jemalloc keep freed memory for reuse, which is
-why PyTorch's CPU guide and the runner (``python -m nanopatch``) preload one; a script that calls
-``patch_torch()`` itself runs on glibc's malloc, which can do the same when told:
+touch, a large share of a bf16 training step (the figures are in CHANGELOG.md). tcmalloc and
+jemalloc keep freed memory for reuse, which is why PyTorch's CPU guide and the runner
+(``python -m nanopatch``) preload one; a script that calls ``patch_torch()`` itself runs on
+glibc's malloc, which can do the same when told:
 
 * ``M_MMAP_MAX = 0``: every block comes from the heap, none from its own mapping;
 * ``M_TRIM_THRESHOLD`` at 2 GiB: freed memory at the heap's top stays for the next step;

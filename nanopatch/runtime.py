@@ -238,7 +238,7 @@ def plan(
 
     path = None
     if allocator != "default":
-        # auto: tcmalloc only; jemalloc trained slower than glibc where measured (bench/README),
+        # auto: tcmalloc only; jemalloc trains slower than glibc in bench/README's measurements,
         # so it is used only when asked for.
         candidates = ("tcmalloc",) if allocator == "auto" else (allocator,)
         found = [(name, finder(name)) for name in candidates]

@@ -1,3 +1,7 @@
+"""Host CPU facts (nanopatch.cpu): /proc/cpuinfo parsing, ISA features and bf16, physical cores,
+cgroup CPU quotas and the usable core count, on fixture files of real CPUs and on this host.
+"""
+
 import json
 import os
 import subprocess

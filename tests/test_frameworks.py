@@ -1,4 +1,6 @@
-"""Real training code, not only ours (DESIGN.md section 6): PyTorch Lightning (automatic and manual
+"""The patch on training code that others wrote: frameworks and real-world training patterns.
+
+Real training code, not only ours (DESIGN.md section 6): PyTorch Lightning (automatic and manual
 optimization, its own bf16, its checkpoints, its DDP), the Hugging Face Trainer and accelerate, timm
 (optimizer factory, EMA), a DCGAN, closures with the user's own hooks, several inputs, models built
 before the patch, output activation heads, pickles and checkpoints, and the warning when nanopatch
@@ -43,12 +45,12 @@ REQUIRE_FRAMEWORKS = os.environ.get("NANOPATCH_TEST_REQUIRE_FRAMEWORKS") == "1"
 #: not depend on the CPU the suite runs on), IPEX off (the native path; IPEX has its own tests).
 PATCH = {"bf16": True, "channels_last": True, "ipex": False}
 
-#: bf16 keeps 8 significant bits: each operation rounds by up to 2**-9 (0.2%). On these small
-#: models each step's loss measured within 0.1% of the same run in fp32 (the weights have moved
-#: by a few bf16-rounded gradients, which Adam/SGD partly average out; timm's deeper ResNet: 2.7%,
-#: it gets 10%). 5% leaves room for other CPUs (AMX accumulates differently) without letting a
-#: real failure through: a loss of 100 from a log(0), a model that stopped learning, a NaN, or a
-#: run that trained on other data. The stock runs' losses fall by 15-60%, well over that.
+#: bf16 keeps 8 significant bits: each operation rounds by up to 2**-9 (0.2%). On these small models
+#: each step's loss stays within about 0.1% of the same run in fp32 (the weights have moved by a few
+#: bf16-rounded gradients, which Adam/SGD partly average out; timm's deeper ResNet goes up to 2.7%
+#: and gets 10%). 5% leaves room for other CPUs (AMX accumulates differently) without letting a real
+#: failure through: a loss of 100 from a log(0), a model that stopped learning, a NaN, or a run that
+#: trained on other data. The stock runs' losses fall by 15-60%, well over that.
 LOSS_RTOL = 0.05
 
 #: Optimizer steps per run: enough for the loss to move, few enough for a 2-core machine.
@@ -547,8 +549,8 @@ def test_timm_model_optimizer_factory_and_ema():
             assert value.dtype == torch.float32 and torch.isfinite(value).all(), key
     assert ema_out.dtype == torch.float32 and torch.isfinite(ema_out).all()
     # a deeper, BatchNorm-heavy net on a batch of 8 whose loss falls by ~60% in 4 steps: the
-    # by-hand bf16 + channels-last run of this seed measured up to 2.7% off stock (other seeds
-    # 0.3-0.6%), so this one gets 10%
+    # by-hand bf16 + channels-last run of this seed ends up to 2.7% off stock (other seeds less
+    # than 1%), so this one gets 10%
     assert_learns_as_stock(losses, stock, rtol=0.1)
 
 
@@ -557,8 +559,8 @@ def test_timm_model_optimizer_factory_and_ema():
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")  # stock: the input needs no grad
 def test_closure_step_with_the_users_hooks_and_gradient_clipping():
-    # The user's hooks next to nanopatch's own: a hook of nanopatch's that removed itself while
-    # torch iterated the step hooks once made this RuntimeError: OrderedDict mutated during iteration.
+    # The user's hooks next to nanopatch's own: a hook of nanopatch's that removes itself while
+    # torch iterates the step hooks would make this RuntimeError: OrderedDict mutated during iteration.
     x, y = images()
 
     def run(patched):
@@ -758,7 +760,7 @@ def test_output_activation_heads_compute_in_fp32_and_learn_as_stock(head):
     assert accuracy >= stock_accuracy - 0.05, (accuracy, stock_accuracy)
     # the very first loss shows the bf16 failure: 100 (log(0) clamped) for BCE instead of ~8
     assert_loss_close(losses[0], stock_losses[0])
-    # a small loss after learning (~0.02-0.08): bf16's rounding weighs more on it; measured within 2%
+    # a small loss after learning (~0.02-0.08): bf16's rounding weighs more on it; within about 2%
     assert_loss_close(losses[-1], stock_losses[-1], rtol=0.1)
 
 

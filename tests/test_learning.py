@@ -542,8 +542,8 @@ def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
 
 
 def test_the_oracle_catches_a_cut_gradient_path():
-    """A patched run in which the layers before one module lose their gradients, as under the
-    defect issue 23 found: the oracle names them."""
+    """A patched run in which the layers before one module lose their gradients (a fast path
+    that detaches a module's output): the oracle names them."""
 
     def train():
         model = TransformerLM()
@@ -556,7 +556,7 @@ def test_the_oracle_catches_a_cut_gradient_path():
 
 
 def test_under_a_dispatch_mode_ipexs_layer_norm_cuts_the_gradients():
-    """Why fast dropout masks are a kernel for one operator and no longer a dispatch mode: IPEX
+    """Why fast dropout masks are a kernel for one operator and not a dispatch mode: IPEX
     gives aten::layer_norm a CPU kernel whose autograd comes from the operators it calls, and
     under any TorchDispatchMode those record nothing. A mode that only passes every call on
     cuts the gradients of every layer before a layer norm."""

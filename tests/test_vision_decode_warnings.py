@@ -1,11 +1,11 @@
 """A warning the user's script raises in its training loop prints as often patched as stock.
 
 Python shows a warning with the default action once per place in the code; it keeps that record
-per module and forgets it whenever the warnings filters change. Decoding inside
-``warnings.catch_warnings()`` (how libjpeg's corrupt-data warnings were once caught, per image)
-changes them, so a warning the script raised every step printed every step under nanopatch and
-once stock. Each run here decodes JPEGs through an ImageFolder (a clean one and one whose scan
-is corrupt, which libjpeg warns about) with the JPEG decoders nanopatch has here.
+per module and forgets it whenever the warnings filters change. A decoder that catches libjpeg's
+corrupt-data warnings inside ``warnings.catch_warnings()``, per image, changes them, so a
+warning the script raises every step would print every step patched and once stock. Each run
+here decodes JPEGs through an ImageFolder (a clean one and one whose scan is corrupt, which
+libjpeg warns about) with the JPEG decoders nanopatch has here.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Stock's v1 classes (but ToTensor) take no ndarray: they raise ``TypeError``, or hand it back
 untouched where a random draw skips the step (a flip, RandomApply); v2 passes it through or
-raises ``TypeError`` ("No image"). nanopatch's classes used to run their kernels on it and return
-an ndarray. Inside a patched Compose the pixels still travel as ndarrays between fused steps: the
-caller gave a PIL image or a file there, and gets what stock returns.
+raises ``TypeError`` ("No image"). nanopatch's classes do the same, rather than run their
+kernels on it and return an ndarray. Inside a patched Compose the pixels still travel as
+ndarrays between fused steps: the caller gave a PIL image or a file there, and gets what stock
+returns.
 
 Every replaced class, v1 and v2, on an (H, W, 3) and an (H, W) uint8 array under several seeds:
 the same exception (type and message) or the same result, the input itself back exactly when
@@ -37,8 +38,8 @@ def test_every_replaced_class(version, name, ndim):
 
 @pytest.mark.parametrize("name", ["Resize", "CenterCrop", "RandomHorizontalFlip", "ColorJitter"])
 def test_the_reported_classes_raise_stocks_type_error(name):
-    """The bug report's four: stock raises TypeError on an ndarray (a flip when it flips), and a
-    patched one called alone must too, with stock's message."""
+    """The four classes the issue names: stock raises TypeError on an ndarray (a flip when it
+    flips), and a patched one called alone must too, with stock's message."""
     arr = ex.sample_array()
     recipe = ex.V1[name] if name != "RandomHorizontalFlip" else ex.R(name, p=1.0)
     for stock in (True, False):

@@ -79,8 +79,8 @@ def test_resize_crop_is_the_full_resize_cropped(seed):
 
 
 def test_resize_crop_box_as_wide_as_its_output():
-    """Regression: a boxed second pass whose source lines are as many as its outputs (here an
-    upscale, 5 columns -> 5) is still a resample, not a copy."""
+    """A boxed second pass whose source lines are as many as its outputs (here an upscale, 5
+    columns -> 5) is still a resample, not a copy."""
     rng = np.random.default_rng(0)
     arr = _noise(rng, 538, 374)
     assert G._second_pass_plan(374, 390, 192, 5)[1] - G._second_pass_plan(374, 390, 192, 5)[0] == 5

@@ -29,8 +29,8 @@ FAST_PATHS = ("_aa_into_usable", "_rgbx_rows_usable", "_axes_alike")
 
 
 def _before(monkeypatch) -> None:
-    """Switch the faster passes off: the code as it was (``interpolate`` + ``cv2.merge``, Pillow's
-    "L" image down the rows, its RGB image along them)."""
+    """Switch the faster passes off: the code they replace (``interpolate`` + ``cv2.merge``,
+    Pillow's "L" image down the rows, its RGB image along them)."""
     for name in FAST_PATHS:
         monkeypatch.setattr(g, name, lambda: False)
 

@@ -6,10 +6,10 @@ A v1 transform scripts as a copy of itself of the stock class (``__prepare_scrip
 transform scripts as the v1 class its class records in ``_v1_transform_cls``, which torchvision
 evaluates from ``torchvision.transforms`` when v2 is first imported; the vision patch imports v2
 before it replaces any v1 class, so every stock v2 class records stock's v1 class in either import
-order, while patched and after ``unpatch_torch()`` (before that fix, patching before v2's first
-import left every stock v2 class pointing at nanopatch's v1 class for good, and scripting a v2
-transform compiled nanopatch's ``forward(*args)``). This process imports v2 before it patches;
-the other orders run in fresh interpreters.
+order, while patched and after ``unpatch_torch()`` (patching before v2's first import would
+otherwise leave every stock v2 class pointing at nanopatch's v1 class for good, and scripting a v2
+transform would compile nanopatch's ``forward(*args)``). This process imports v2 before it
+patches; the other orders run in fresh interpreters.
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ def test_random_resized_crop_with_scale_upside_down_warns_as_stock(patched):
 @pytest.mark.parametrize("size", [-1, 0, (0, 3), (-5, 10)])
 def test_resize_to_a_size_below_one_raises_stocks_value_error(size, patched):
     """Stock's constructor accepts these, its call on a PIL image raises ValueError ("height and
-    width must be > 0", from Pillow). (Regression: nanopatch's kernel declined a non-positive size
-    with NotImplementedError, which Resize let escape.)"""
+    width must be > 0", from Pillow); ours too, rather than a NotImplementedError from a kernel
+    that declines a non-positive size escaping Resize."""
     img = rgb()
     for value, expected in [(img, ValueError), (np.asarray(img), TypeError)]:
         assert_same_failure(R("Resize", size), value, expected)
@@ -173,9 +173,9 @@ def test_resize_to_a_size_below_one_raises_stocks_value_error(size, patched):
 
 @pytest.mark.parametrize("mode", tc.ALL_MODES, ids=lambda m: m.name)
 def test_resize_without_antialias_warns_as_often_as_stock(mode, patched):
-    """Stock warns once that antialias=False is ignored for a PIL image. (Regression, with
-    NEAREST_EXACT: nanopatch's Resize warned, then handed the interpolation its kernel lacks to
-    stock's code, which warned again.)"""
+    """Stock warns once that antialias=False is ignored for a PIL image; ours too, also for an
+    interpolation its kernel lacks (NEAREST_EXACT): Resize hands that to stock's code, which
+    warns, so Resize must not warn first."""
     img = rgb(262, 339)
     for recipe in [
         R("Resize", 64, interpolation=mode, antialias=False),
@@ -554,14 +554,14 @@ def test_dataloader_workers_fork_and_spawn_give_stocks_batches(small_folder):
 @pytest.mark.parametrize("before", ["transform", "cv2"])
 def test_fork_workers_after_the_main_process_used_opencv(small_folder, before):
     """Pinned: once the main process has used OpenCV's thread pool, a forked DataLoader worker
-    that touches OpenCV's threading hangs (the pool does not survive fork). Found with a
-    nanopatch transform run in the main process (GaussianBlur + ColorJitter on one image, as
-    when looking at a sample before training): the worker hung in ``cv2.setNumThreads(1)`` in
-    nanopatch/vision/_opencv.py. Still open after that fix: the user's own OpenCV call in the
-    main process (``cv2.GaussianBlur(cv2.imread(path), (5, 5), 1.0)``) - the worker's first
-    nanopatch kernel then runs ``cv2.getNumThreads()``/``setNumThreads(1)`` and hangs, where
-    stock torchvision never touches OpenCV. The loader's timeout turns the hang into "DataLoader
-    timed out". (On a busy machine the hang does not always happen: this test may pass by luck,
-    never fail wrongly.)"""
+    that touches OpenCV's threading hangs (the pool does not survive fork). Two ways the main
+    process gets there: a nanopatch transform run on one image (GaussianBlur + ColorJitter, as
+    when looking at a sample before training), where the worker would hang in
+    ``cv2.setNumThreads(1)`` in nanopatch/vision/_opencv.py; and the user's own OpenCV call
+    (``cv2.GaussianBlur(cv2.imread(path), (5, 5), 1.0)``), where the worker's first nanopatch
+    kernel would hang in ``cv2.getNumThreads()``/``setNumThreads(1)``, while stock torchvision
+    never touches OpenCV. The loader's timeout turns a hang into "DataLoader timed out". (On a
+    busy machine the hang does not always happen: this test may pass by luck, never fail
+    wrongly.)"""
     proc = run_loader_script(small_folder, f"after-main-process-{before}")
     assert proc.returncode == 0, proc.stdout + proc.stderr

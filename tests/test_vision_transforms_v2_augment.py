@@ -232,7 +232,7 @@ def test_every_op_of_a_policy_runs_and_matches_stock(patched, name, monkeypatch)
 
 
 def test_colour_ops_pick_the_faster_route():
-    """Kernels for pixels already in an ndarray; on a PIL image, Pillow where it measured faster
+    """Kernels for pixels already in an ndarray; on a PIL image, Pillow where it is faster
     (Brightness, Color, Equalize on RGB, small images), the kernels elsewhere; warps always Pillow."""
     big_rgb = Pixels.accept(photo(375, 500, seed=1))
     small_l = Pixels.accept(photo(28, 28, seed=1, mode="L"))

@@ -7,8 +7,9 @@ both sides get identical arguments. Its ``repr`` is Python that builds the same 
 a failure message says exactly what to run.
 
 Stock objects are built from the ``_nanopatch_stock`` class rather than under
-``nanopatch.unpatched()`` (which costs ~40 ms a switch): torchvision's v1 transforms never look a
-transform class up at call time, so a stock object runs stock code whatever the patch state.
+``nanopatch.unpatched()`` (which undoes and reapplies the patch at every switch): torchvision's
+v1 transforms never look a transform class up at call time, so a stock object runs stock code
+whatever the patch state.
 """
 
 from __future__ import annotations

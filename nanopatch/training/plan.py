@@ -153,7 +153,7 @@ class Plan:
 
 def trial_for(model: nn.Module) -> Trial:
     """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
-    depends on the CPU as much as on the model (small convolutions on small images ran slower
+    depends on the CPU as much as on the model (small convolutions on small images can run slower
     in bf16 than in fp32 on a CPU with AMX, and faster on one without). Recurrent models
     (oneDNN's bf16 RNN kernels are not faster than fp32 everywhere) are never decided early."""
     recurrent = any(isinstance(sub, nn.RNNBase) for sub in model.modules())

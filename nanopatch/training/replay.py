@@ -1,5 +1,5 @@
-"""Activation checkpointing replays a forward during backward: the replay runs in the state
-nanopatch's forward ran in.
+"""Activation checkpointing under the training patch: a checkpointed block's replay during
+backward runs in the state nanopatch's forward ran in.
 
 ``torch.utils.checkpoint`` (and Hugging Face's ``gradient_checkpointing_enable()``, which calls
 it) runs a block's forward without keeping its activations, then runs it again during backward

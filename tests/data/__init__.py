@@ -1,0 +1,1 @@
+"""Scripts, models and generated data the tests run, most of them in fresh interpreters."""
