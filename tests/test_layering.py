@@ -1,4 +1,5 @@
-"""The package's layering: imports between nanopatch's own modules run one way only.
+"""The package's layering: imports between nanopatch's own modules run one way only, down the
+floors of docs/architecture.md (read from the page's table).
 
 Read from the source (every ``import`` statement, those inside functions included), so a
 cycle that only a rarely taken path would close is caught too."""
@@ -6,9 +7,12 @@ cycle that only a rarely taken path would close is caught too."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nanopatch
+
+from conftest import REPO_ROOT
 
 ROOT = Path(nanopatch.__file__).parent
 
@@ -68,18 +72,78 @@ def test_no_import_cycle_between_nanopatchs_modules():
     assert cycles(import_graph()) == []
 
 
-def test_training_never_imports_data_parallel():
-    """Data-parallel builds on training (it registers itself as training's data-parallel
-    engine); training works without it."""
-    graph = import_graph()
-    for name, imported in graph.items():
-        if name.startswith("nanopatch.training"):
-            assert not {m for m in imported if m.startswith("nanopatch.parallel")}, name
-
-
 def test_every_target_lives_in_a_patch_module_or_its_package():
     from nanopatch import _patching
 
     for target in _patching.targets():
         package = target.patcher.rsplit(".", 1)[0]
         assert target.patcher.endswith(".patch") or f"{package}.patch" in import_graph(), target
+
+
+# --- the floors of docs/architecture.md -----------------------------------------------
+
+PAGE = REPO_ROOT / "docs" / "architecture.md"
+
+#: imports between targets on floor 3 that the page allows (importer's package -> imported's)
+BETWEEN_TARGETS = {("nanopatch.parallel", "nanopatch.training"), ("nanopatch.breakdown", "nanopatch.training")}
+
+
+def page_layers() -> dict[str, tuple[int, str]]:
+    """Module or package name -> (floor, layer), from the page's table."""
+    layers: dict[str, tuple[int, str]] = {}
+    for floor, layer, names in re.findall(r"^\| (\d+) \| ([a-z ]+) \| (.+) \|$", PAGE.read_text(), re.M):
+        for name in re.findall(r"`([\w.]+)`", names):
+            assert name not in layers, f"{name} is in two rows of {PAGE.name}"
+            layers[name] = (int(floor), layer)
+    return layers
+
+
+def owner(module: str, layers: dict[str, tuple[int, str]]) -> str | None:
+    """The name of the page's row for ``module``: itself or its nearest package."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        name = ".".join(parts[:end])
+        if name in layers:
+            return name
+    return None
+
+
+def test_the_page_names_every_module_and_only_real_ones():
+    layers = page_layers()
+    assert {layer for _, layer in layers.values()} == {
+        "foundation",
+        "engine",
+        "runtime",
+        "targets",
+        "compatibility",
+        "front door",
+    }
+    graph = import_graph()
+    assert not [m for m in graph if owner(m, layers) is None], "modules in no row of docs/architecture.md"
+    assert not [n for n in layers if n not in graph], "rows of docs/architecture.md that name no module"
+
+
+def test_no_module_imports_a_floor_above_it():
+    layers = page_layers()
+    wrong = []
+    for module, imported in import_graph().items():
+        floor, layer = layers[owner(module, layers)]
+        for other in imported:
+            other_floor, other_layer = layers[owner(other, layers)]
+            if other_floor > floor or (other_floor == floor and other_layer != layer):
+                wrong.append(f"{module} ({layer}) imports {other} ({other_layer})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_targets_import_each_other_only_where_the_page_says():
+    layers = page_layers()
+    wrong = []
+    for module, imported in import_graph().items():
+        mine = owner(module, layers)
+        if layers[mine][1] != "targets":
+            continue
+        for other in imported:
+            theirs = owner(other, layers)
+            if theirs != mine and layers[theirs][1] == "targets" and (mine, theirs) not in BETWEEN_TARGETS:
+                wrong.append(f"{module} imports {other}")
+    assert not wrong, "\n".join(wrong)
