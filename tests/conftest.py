@@ -19,6 +19,17 @@ REPO_ROOT = TESTS_DIR.parent
 AUTO_COMPUTE = "bfloat16" if cpu.host_facts().native_bf16 else "float32"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (tox runs ``-n 2`` on two cores) each worker's own torch work runs on
+    one thread: with torch's default of a thread per core in each worker, two workers' OpenMP
+    threads spin against each other for the same cores and a training test runs several times
+    slower. Processes the tests start keep torch's default (or what the test sets)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
     """The environment for a child interpreter: no NANOPATCH_* leaking in from outside, the
     tests folder (for demo_targets) on PYTHONPATH, and nanopatch importable even when it is
