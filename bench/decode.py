@@ -11,7 +11,7 @@ heap layout and glibc's malloc thresholds, so a single process is a single draw 
 * ``nanopatch loader``: ``torchvision.datasets.folder.pil_loader`` after
   ``nanopatch.patch_torch()``; returns a PIL image too, with identical pixels (checked).
 * ``PyTurboJPEG decode`` and ``OpenCV decode``: the raw decoders (file read included).
-* ``nanopatch DCT-scaled (min 224)``: ``nanopatch.vision.decode.decode(path, min_size=(224, 224))``.
+* ``nanopatch DCT-scaled (min 224)``: ``nanopatch.targets.vision.decode.decode(path, min_size=(224, 224))``.
 * ``Pillow draft (min 224)``: Pillow's own DCT scaling to the same reduction, for reference.
 * ``nanopatch crop (RRC box)``: ``decode(path, box=...)`` of a RandomResizedCrop(224) box (one
   fixed box per file, drawn with torchvision's ``get_params`` under a seed from the file name):

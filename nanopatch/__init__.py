@@ -8,8 +8,8 @@ imports neither torchvision nor OpenCV; patches for a library are applied when t
 is imported (or at once if it already is).
 """
 
-from ._log import NanopatchWarning
-from ._patching import is_patched, patch_torch, patched, status, unpatch_torch, unpatched
+from nanopatch.engine._patching import is_patched, patch_torch, patched, status, unpatch_torch, unpatched
+from nanopatch.foundation._log import NanopatchWarning
 
 __version__ = "0.1.0"
 
@@ -30,7 +30,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # BigDL-Nano's custom-loop APIs, imported on first use (``import nanopatch`` stays cheap)
     if name in ("TorchNano", "nano"):
-        from . import torch_nano
+        from nanopatch.compat import torch_nano
 
         return getattr(torch_nano, name)
     raise AttributeError(f"module 'nanopatch' has no attribute {name!r}")

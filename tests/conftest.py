@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nanopatch import config, cpu
+from nanopatch.engine import config
+from nanopatch.foundation import cpu
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -34,7 +35,7 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
     """The environment for a child interpreter: no NANOPATCH_* leaking in from outside, the
     tests folder (for demo_targets) on PYTHONPATH, and nanopatch importable even when it is
     not installed (a plain checkout)."""
-    from nanopatch import config
+    from nanopatch.engine import config
 
     private = {config.env_name(name) for name in config.OPTIONS} | {
         "NANOPATCH_LOG_LEVEL",
@@ -93,7 +94,7 @@ def fresh_log_once(monkeypatch):
     """Forget which one-time messages were already said, so a test can see them."""
     import weakref
 
-    from nanopatch import _log
+    from nanopatch.foundation import _log
 
     monkeypatch.setattr(_log, "_said", set())
     monkeypatch.setattr(_log, "_said_about", weakref.WeakKeyDictionary())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanopatch import _patching
+from nanopatch.engine import _patching
 
 SUPPORTED = {"torchvision": ">=0.15", "torch": ">=2.0"}
 
@@ -177,7 +177,7 @@ def assert_patched(training: bool = True) -> None:
     assert T.transforms.DEMO_PATCHED is True
     import torchvision.datasets.folder as folder
 
-    assert folder.pil_loader.__module__ == "nanopatch.vision.datasets"  # the real vision target too
+    assert folder.pil_loader.__module__ == "nanopatch.targets.vision.datasets"  # the real vision target too
     wrapped = hasattr(torch.optim.Optimizer.__dict__["__init__"], "__wrapped__")
     assert wrapped is training
     if training:  # wrapped once, not twice

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from nanopatch import _patching
+from nanopatch.engine import _patching
 
 SUPPORTED = {"torch": ">=2.0"}
 CALLS = {"optimizer_init": 0, "module_train": 0}

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from nanopatch import cpu
+from nanopatch.foundation import cpu
 
 from conftest import REPO_ROOT, run_python
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nanopatch import config
+from nanopatch.engine import config
 
 from conftest import REPO_ROOT, run_python
 
@@ -139,7 +139,7 @@ def test_lightning_variants(tiny_run):
 def test_by_hand_with_tcmalloc_preloads_it(tiny_run):
     """by-hand-tcmalloc: the by-hand edit with tcmalloc preloaded, seen mapped in the worker;
     patched's row compares itself with it."""
-    from nanopatch import runtime
+    from nanopatch.runtime import tuning as runtime
 
     _, report = tiny_run
     rows = {r["variant"]: r for r in report["rows"]}

@@ -14,8 +14,8 @@ from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, Dataset, dataloader
 
 import nanopatch
-from nanopatch.breakdown import advice
-from nanopatch.breakdown import patch as breakdown
+from nanopatch.targets.breakdown import advice
+from nanopatch.targets.breakdown import patch as breakdown
 
 from conftest import run_python
 
@@ -316,14 +316,14 @@ def test_compare_shows_both_runs_breakdowns_and_advises_workers_only_without_the
 def test_plot_goes_with_compare_and_says_when_matplotlib_is_missing(tmp_path):
     proc = run_python(["-m", "nanopatch", "--plot", "x.png", "train.py"], cwd=tmp_path)
     assert proc.returncode == 2 and "--plot goes with --compare" in proc.stderr
-    from nanopatch import __main__ as runner
-    from nanopatch import compare
+    from nanopatch.runner import cli as runner
+    from nanopatch.runner import compare
 
     assert runner._without_compare(["--compare", "--plot", "a.png", "--no-bf16", "--plot=b.png"]) == ["--no-bf16"]
     runs = [compare.Run(name, [], report={"breakdown": report()}) for name in ("stock", "nanopatch")]
     blocked = "import sys; sys.modules['matplotlib'] = None\n"  # as if it were not installed
     code = blocked + (
-        "from nanopatch import compare\n"
+        "from nanopatch.runner import compare\n"
         "import json, sys\n"
         "runs = [compare.Run(n, [], report={'breakdown': json.loads(sys.argv[1])}) for n in ('stock', 'nanopatch')]\n"
         "print(compare.draw(sys.argv[2], *runs))\n"

@@ -15,7 +15,7 @@ import sys
 import nanopatch
 import demo_targets
 import demo_training
-from nanopatch import _patching
+from nanopatch.engine import _patching
 demo_targets.register()
 """
 
@@ -216,7 +216,7 @@ def test_call_order(case):
 REAL_PREAMBLE = """
 import sys
 import nanopatch
-from nanopatch import _patching
+from nanopatch.engine import _patching
 
 OPTIONS = dict(vision=True, training=True, data_parallel=True, bf16=True, channels_last=True, ipex=False)
 
@@ -299,7 +299,7 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
     """A target that fails half-way leaves everything stock, logs once, and the user's import
     of torchvision (which fires the hook) still succeeds."""
     (tmp_path / "broken_target.py").write_text(
-        "from nanopatch import _patching\n"
+        "from nanopatch.engine import _patching\n"
         "SUPPORTED = {}\n"
         "def patch(config):\n"
         "    import torchvision.transforms as T\n"
@@ -312,7 +312,7 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
         import nanopatch
-        from nanopatch import _patching
+        from nanopatch.engine import _patching
         _patching.register(_patching.Target("broken", "vision", "torchvision", "broken_target"))
         nanopatch.patch_torch()
         import torchvision.transforms as T
@@ -340,7 +340,7 @@ def test_unsupported_version_is_left_stock(tmp_path):
     )
     code = """
         import nanopatch, torchvision.transforms as T
-        from nanopatch import _patching
+        from nanopatch.engine import _patching
         _patching.register(_patching.Target("future", "vision", "torchvision", "future_target"))
         nanopatch.patch_torch()
         target = nanopatch.status()["targets"]["future"]

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from nanopatch import compare, cpu
+from nanopatch.foundation import cpu
+from nanopatch.runner import compare
 
 from conftest import child_env, run_python
 
@@ -233,7 +234,7 @@ def test_hugging_face_s_logged_loss_is_read():
 
 
 def test_the_stock_environment_has_nothing_of_nanopatch():
-    from nanopatch._bootstrap import BOOTSTRAP_DIR
+    from nanopatch.runner._bootstrap import BOOTSTRAP_DIR
 
     env = compare.stock_environ({"NANOPATCH_BF16": "0", "PYTHONPATH": f"{BOOTSTRAP_DIR}:/x", "HOME": "/h"})
     assert env == {"PYTHONPATH": "/x", "HOME": "/h", "PYTHONHASHSEED": "0"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nanopatch import config
+from nanopatch.engine import config
 
 
 def test_auto_detection_on_a_cpu_with_native_bf16(machine):
@@ -61,7 +61,7 @@ def test_ipex_compatibility_from_metadata(machine, ipex, torch, expected, reason
     ],
 )
 def test_ipex_bf16_needs_the_instructions_of_its_weight_prepack(flags, can):
-    from nanopatch.training import ipex
+    from nanopatch.targets.training import ipex
 
     why = ipex.bf16_cpu_why_not(frozenset(flags))
     assert (why is None) is can

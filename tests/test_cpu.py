@@ -1,4 +1,4 @@
-"""Host CPU facts (nanopatch.cpu): /proc/cpuinfo parsing, ISA features and bf16, physical cores,
+"""Host CPU facts (nanopatch.foundation.cpu): /proc/cpuinfo parsing, ISA features and bf16, physical cores,
 cgroup CPU quotas and the usable core count, on fixture files of real CPUs and on this host.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nanopatch import cpu
+from nanopatch.foundation import cpu
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cpu"
 

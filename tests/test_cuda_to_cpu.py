@@ -19,8 +19,9 @@ import torch
 from learning_oracle import ALWAYS_ALLOWED, accelerated, record
 
 import nanopatch
-from nanopatch import _patching, cpu
 from nanopatch.cuda.standins import NoCpuEquivalent
+from nanopatch.engine import _patching
+from nanopatch.foundation import cpu
 from nanopatch.learning import compare
 
 from conftest import child_env, run_python
@@ -238,7 +239,7 @@ def test_patching_twice_is_a_no_op_and_status_lists_the_target(redirected):
 
 
 def test_the_option_is_off_by_default_and_reads_the_environment(monkeypatch):
-    from nanopatch import config
+    from nanopatch.engine import config
 
     assert config.resolve({}, environ={}).cuda_to_cpu is False
     assert config.resolve({}, environ={"NANOPATCH_CUDA_TO_CPU": "1"}).cuda_to_cpu is True

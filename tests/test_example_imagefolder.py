@@ -137,7 +137,7 @@ def test_compare_shows_the_patched_run_accelerated_and_learning_as_stock(first_r
     accelerated (what the runner saw inside it), and it learns as the stock run does. On this
     tiny set (19 training images, one epoch, 5 validation images) "as stock" means the same
     final loss to within bf16's drift and the same validation accuracy to within one image."""
-    from nanopatch import cpu
+    from nanopatch.foundation import cpu
 
     cache, _ = first_run
     proc = run_python(

@@ -1,4 +1,4 @@
-"""``python -m nanopatch --info [--json]``: the capability report (nanopatch/_info.py).
+"""``python -m nanopatch --info [--json]``: the capability report (nanopatch/runner/_info.py).
 
 The report itself runs in fresh interpreters (it imports torch, torchvision and OpenCV), once
 per form, shared by the tests through module-scoped fixtures; ``loaded_openmp_runtime`` and
@@ -18,7 +18,9 @@ import re
 import pytest
 
 import nanopatch
-from nanopatch import _info, _versions, config, cpu
+from nanopatch.engine import _versions, config
+from nanopatch.foundation import cpu
+from nanopatch.runner import _info
 
 from conftest import REPO_ROOT, child_env, run_python
 
@@ -242,7 +244,7 @@ def test_collect_never_imports_ipex(tmp_path):
     proc = run_python(
         """
         import json, sys
-        from nanopatch import _info
+        from nanopatch.runner import _info
         info = _info.collect()
         print(json.dumps({
             "ipex": info["ipex"],
@@ -465,7 +467,7 @@ def test_format_table_broken_torchvision_targets_and_warnings():
 
 
 def test_format_table_shows_the_runtime_plan_and_each_process():
-    from nanopatch import runtime
+    from nanopatch.runtime import tuning as runtime
 
     plan = runtime.Plan(
         (
@@ -489,7 +491,7 @@ def test_format_table_shows_the_runtime_plan_and_each_process():
     assert off["Runtime tuning"] == {"tuning": "off (--no-tune): the environment is left as it is"}
 
 
-# --- the tested torch versions (nanopatch/_versions.py) ------------------------------------------
+# --- the tested torch versions (nanopatch/engine/_versions.py) ------------------------------------------
 
 OUTSIDE = "is outside the tested range (2.8 to 2.15)"
 
@@ -565,7 +567,7 @@ def pins(deps: str) -> tuple[str, str] | None:
 
 
 def test_the_tested_versions_are_what_tox_tests():
-    """nanopatch/_versions.py (what --info claims) and tox.ini (what runs) name the same pairs."""
+    """nanopatch/engine/_versions.py (what --info claims) and tox.ini (what runs) name the same pairs."""
     tox = tox_ini()
     env_list = [e.strip() for e in tox["tox"]["env_list"].split(",")]
     claimed = {(t.torch, t.torchvision, t.tests, t.env) for t in _versions.TESTED}

@@ -17,9 +17,9 @@ from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
-from nanopatch import _patching
-from nanopatch.parallel import patch as distributed
-from nanopatch.training import patch as training
+from nanopatch.engine import _patching
+from nanopatch.targets.parallel import patch as distributed
+from nanopatch.targets.training import patch as training
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +126,7 @@ def test_a_sharded_loader_gets_its_own_sampler_back(tmp_path, monkeypatch):
 def test_opencv_gets_the_users_thread_count_back():
     cv2 = pytest.importorskip("cv2")
     pytest.importorskip("torchvision")  # the vision target applies once torchvision is imported
-    from nanopatch.vision import _opencv
+    from nanopatch.targets.vision import _opencv
 
     cv2.setNumThreads(2)
     _opencv._configured_in = None  # as in a process where nanopatch has not used OpenCV yet

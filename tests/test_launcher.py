@@ -13,8 +13,10 @@ import sys
 import pytest
 import torch
 
-from nanopatch import cpu, launch, runtime
-from nanopatch.parallel import patch as distributed
+from nanopatch.foundation import cpu
+from nanopatch.runtime import launch
+from nanopatch.runtime import tuning as runtime
+from nanopatch.targets.parallel import patch as distributed
 
 from conftest import TESTS_DIR, child_env, run_python
 
@@ -286,7 +288,7 @@ def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     assert proc.returncode == 1
     assert "rank 1 of 2 failed with exit code 1" in proc.stderr
     assert 'raise ValueError(f"rank {rank} is broken")' in proc.stderr and "ValueError: rank 1 is broken" in proc.stderr
-    assert "nanopatch/__main__.py" not in proc.stderr  # the script's frames, as plain python shows them
+    assert "nanopatch/runner/cli.py" not in proc.stderr  # the script's frames, as plain python shows them
     assert "hello from rank 0" in proc.stdout and "hello from rank 1" in proc.stdout  # --all-ranks-print
     exits, _ = dp_run(tmp_path, ["--nproc", "2"], ["--fail-rank", "0", "--exit-code", "3"], name="exit")
     assert exits.returncode == 3 and "rank 0 of 2 failed with exit code 3" in exits.stderr

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import nanopatch
-from nanopatch import config
+from nanopatch.engine import config
 from nanopatch.learning import Tolerance
 
 from conftest import AUTO_COMPUTE
@@ -502,7 +502,7 @@ def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
     loss is the mean of the two ranks' halves."""
     import json
 
-    from nanopatch import cpu
+    from nanopatch.foundation import cpu
     from nanopatch.learning import Step, compare
 
     from conftest import TESTS_DIR, child_env, run_python

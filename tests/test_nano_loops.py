@@ -12,7 +12,9 @@ import torch
 from test_frameworks import framework
 
 import nanopatch
-from nanopatch import cpu, runtime, torch_nano
+from nanopatch.compat import torch_nano
+from nanopatch.foundation import cpu
+from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, run_rank_script
 

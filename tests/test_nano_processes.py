@@ -18,7 +18,9 @@ import pytest
 import torch
 from test_frameworks import framework
 
-from nanopatch import _processes, cpu, runtime
+from nanopatch.foundation import cpu
+from nanopatch.runtime import _processes
+from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, child_env, run_rank_script
 
@@ -184,7 +186,7 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
     first parallel region with two threads hangs, unless the parent's pool was released first."""
     code = """
         import torch, torch.multiprocessing as mp
-        from nanopatch import _processes
+        from nanopatch.runtime import _processes
 
         def work(rank):
             torch.set_num_threads(2)
@@ -211,7 +213,7 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
 FAILING_RANKS = """
 import multiprocessing.util, os, signal, sys, time
 import torch.multiprocessing as mp
-from nanopatch import _processes
+from nanopatch.runtime import _processes
 
 def work(rank, folder):
     raised = os.path.join(folder, "raised")

@@ -15,8 +15,10 @@ import pytest
 import torch
 from test_frameworks import framework
 
-from nanopatch import NanopatchWarning, _log, cpu, runtime
-from nanopatch import lightning as nano_lightning
+from nanopatch import NanopatchWarning
+from nanopatch.compat import lightning as nano_lightning
+from nanopatch.foundation import _log, cpu
+from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, child_env, run_python, run_rank_script
 
@@ -385,7 +387,7 @@ def nanopatch_is_patched():
 
 def test_use_ipex_without_a_usable_ipex_warns_once_and_trains(tmp_path, monkeypatch):
     framework("lightning.pytorch")
-    from nanopatch import config
+    from nanopatch.engine import config
 
     ok, why = config.ipex_compatibility()
     if ok:

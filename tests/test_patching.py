@@ -9,7 +9,7 @@ import types
 import pytest
 
 import nanopatch
-from nanopatch import _patching
+from nanopatch.engine import _patching
 
 import demo_targets
 import demo_training
@@ -204,7 +204,7 @@ def test_training_wrappers_pass_through(demo):
 
 
 def test_fallbacks_are_logged_once_per_process(demo, caplog, fresh_log_once, monkeypatch):
-    from nanopatch import config
+    from nanopatch.engine import config
 
     monkeypatch.setattr(config, "distribution_version", lambda name: None if name.startswith("intel") else "2.13.0")
     caplog.set_level(logging.INFO, logger="nanopatch")
@@ -223,7 +223,7 @@ def test_messages_about_an_object_are_said_once_per_object_and_forgotten_with_it
 
     import torch
 
-    from nanopatch import _log
+    from nanopatch.foundation import _log
 
     caplog.set_level(logging.INFO, logger="nanopatch")
     said = []

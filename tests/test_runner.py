@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import nanopatch
-from nanopatch import config
-from nanopatch.__main__ import _UsageError, build_parser, split_argv
+from nanopatch.engine import config
+from nanopatch.runner.cli import _UsageError, build_parser, split_argv
 
 from conftest import child_env, run_python
 

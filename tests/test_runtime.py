@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nanopatch import cpu, runtime
+from nanopatch.foundation import cpu
+from nanopatch.runtime import tuning as runtime
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cpu"
 

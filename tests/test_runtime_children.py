@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from nanopatch import cpu
+from nanopatch.foundation import cpu
 
 from conftest import TESTS_DIR, child_env, run_python
 

@@ -14,8 +14,10 @@ from test_learning import STEPS, TransformerLM, lm_batches, lm_loss, loop
 from torch import nn
 
 import nanopatch
-from nanopatch import NanopatchWarning, config, cpu, learning
-from nanopatch.training import amp, dropout, replay, selfcheck
+from nanopatch import NanopatchWarning
+from nanopatch.engine import config
+from nanopatch.foundation import cpu, learning
+from nanopatch.targets.training import amp, dropout, replay, selfcheck
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +56,7 @@ def test_the_forward_probe_agrees_with_stock_here(dtype, rank):
     ],
 )
 def test_the_step_probe_agrees_with_stock_here(cls, settings):
-    from nanopatch.training import optim
+    from nanopatch.targets.training import optim
 
     flag = optim.choose_flag(cls([torch.zeros(1, requires_grad=True)], **settings))
     assert flag in ("fused", "foreach")

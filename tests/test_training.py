@@ -18,8 +18,8 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
-from nanopatch.training import amp, discovery
-from nanopatch.training import patch as training
+from nanopatch.targets.training import amp, discovery
+from nanopatch.targets.training import patch as training
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -564,7 +564,7 @@ def test_deepcopies_and_pickles_carry_nothing_of_nanopatch(tmp_path):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
         train_steps(model, optimizer, x, y)
-        assert isinstance(model.__dict__["forward"], nanopatch.training.forward.AcceleratedForward)
+        assert isinstance(model.__dict__["forward"], nanopatch.targets.training.forward.AcceleratedForward)
         ema = copy.deepcopy(model)
         assert "forward" not in ema.__dict__  # a plain copy: the class's forward
         ema_probe = Probe(ema[-1])

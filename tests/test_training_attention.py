@@ -1,4 +1,4 @@
-"""Attention with dropout in bf16 products (nanopatch.training.attention): the same attention as
+"""Attention with dropout in bf16 products (nanopatch.targets.training.attention): the same attention as
 torch's math path for the same mask, stock wherever it does not apply, gone after unpatch."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import nanopatch
-from nanopatch.training import attention, dropout
+from nanopatch.targets.training import attention, dropout
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import nanopatch
-from nanopatch import NanopatchWarning, cpu
-from nanopatch.training import discovery
-from nanopatch.training import patch as training
+from nanopatch import NanopatchWarning
+from nanopatch.foundation import cpu
+from nanopatch.targets.training import discovery
+from nanopatch.targets.training import patch as training
 
 NATIVE = {"ipex": False, "bf16": True, "channels_last": True}
 
@@ -299,8 +300,8 @@ def test_no_warning_for_an_accelerated_model_and_the_search_hooks_end():
     ],
 )
 def test_a_lightning_trainer_in_a_nproc_process_gets_lightnings_ddp(monkeypatch, given, expected):
-    from nanopatch.parallel import lightning
-    from nanopatch.parallel import patch as distributed
+    from nanopatch.targets.parallel import lightning
+    from nanopatch.targets.parallel import patch as distributed
 
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -367,7 +368,7 @@ def test_bf16_is_not_measured_where_the_user_chose_it_or_under_compile(given):
 def test_the_trials_decision(bf16_ms, fp32_ms, kept, counted):
     """bf16 stays only where it was not slower than fp32; a clear-cut answer (bf16 below 0.8x
     fp32, or fp32 below 0.8x bf16) comes after 2 timings of each mode instead of 4."""
-    from nanopatch.training.plan import Plan, Trial
+    from nanopatch.targets.training.plan import Plan, Trial
 
     plan = Plan(name="M", amp_dtype=torch.bfloat16)
     plan.trial = trial = Trial()

@@ -16,9 +16,10 @@ from test_training_numerics import train_and_score
 from torch import nn
 
 import nanopatch
-from nanopatch import NanopatchWarning, _malloc
-from nanopatch.training import dropout
-from nanopatch.training import patch as training_patch
+from nanopatch import NanopatchWarning
+from nanopatch.runtime import _malloc
+from nanopatch.targets.training import dropout
+from nanopatch.targets.training import patch as training_patch
 
 from conftest import AUTO_COMPUTE, run_python
 
@@ -269,7 +270,7 @@ def test_malloc_is_left_alone_when_the_user_or_another_allocator_chose(tmp_path)
 _FAULTS = """
 import json, resource, sys, torch
 import nanopatch
-from nanopatch import _malloc
+from nanopatch.runtime import _malloc
 
 def faults_of_reuse():
     for _ in range(12):  # warm: the heap grows to its working size in the first rounds (how many

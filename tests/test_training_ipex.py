@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from test_training_numerics import shifted_templates_task, small_net, train_and_score
 
 import nanopatch
-from nanopatch import NanopatchWarning, config
-from nanopatch.training import ipex as ipex_mod
-from nanopatch.training import patch as training
+from nanopatch import NanopatchWarning
+from nanopatch.engine import config
+from nanopatch.targets.training import ipex as ipex_mod
+from nanopatch.targets.training import patch as training
 
 COMPATIBLE, WHY = config.ipex_compatibility()
 if not COMPATIBLE:
@@ -182,7 +183,7 @@ TRAINER_SCRIPT = """
 import json, sys
 import lightning as L, torch, torchvision
 from nanopatch.lightning import Trainer
-from nanopatch.training import patch as training
+from nanopatch.targets.training import patch as training
 
 class Classifier(L.LightningModule):
     def __init__(self):
@@ -230,7 +231,7 @@ def test_lightning_trainer_use_ipex_optimizes_the_module_before_lightnings_closu
     (line,) = result["lines"]
     assert "IPEX" in line and "IPEX not used" not in line and "channels-last" in line, line
     # without native bf16 the Trainer runs precision="bf16" in fp32 (BigDL-Nano's fallback)
-    bf16 = precision == "bf16" and nanopatch.cpu.host_facts().native_bf16
+    bf16 = precision == "bf16" and nanopatch.foundation.cpu.host_facts().native_bf16
     assert ("computed in bfloat16" in line) == bf16, line
     assert len(result["seen"]) == 2 and all(channels_last for channels_last, _ in result["seen"])
     assert all(seen_bf16 == bf16 for _, seen_bf16 in result["seen"])
@@ -240,7 +241,7 @@ NANO_SCRIPT = """
 import json, sys
 import torch, torchvision
 import nanopatch
-from nanopatch.training import patch as training
+from nanopatch.targets.training import patch as training
 
 class Loop(nanopatch.TorchNano):
     def train(self):
@@ -273,7 +274,7 @@ def test_torchnano_use_ipex_optimizes_the_model_before_fabric_wraps_it(tmp_path)
     (line,) = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert "IPEX" in line and "IPEX not used" not in line, line
     # without native bf16 TorchNano runs precision="bf16" in fp32 (BigDL-Nano's fallback)
-    assert ("computed in bfloat16" in line) == nanopatch.cpu.host_facts().native_bf16, line
+    assert ("computed in bfloat16" in line) == nanopatch.foundation.cpu.host_facts().native_bf16, line
     assert "use_ipex=True, but IPEX optimized no model" not in proc.stderr
 
 
@@ -299,7 +300,7 @@ def test_a_bf16_model_takes_the_native_path_where_ipex_has_no_bf16_and_fp32_keep
     assert training.plans[model].ipex
 
 
-TWO_CORES = len(nanopatch.cpu.host_facts().cores) >= 2
+TWO_CORES = len(nanopatch.foundation.cpu.host_facts().cores) >= 2
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="two processes need two physical cores")
@@ -312,7 +313,7 @@ def test_use_ipex_with_two_processes(tmp_path, api):
         pytest.importorskip("lightning")
     from conftest import TESTS_DIR, run_rank_script
 
-    bf16 = nanopatch.cpu.host_facts().native_bf16
+    bf16 = nanopatch.foundation.cpu.host_facts().native_bf16
     args = ["--num-processes", "2", "--precision", "bf16", "--channels-last", "--use-ipex"]
     out = tmp_path / "out"
     if api == "trainer":
@@ -366,7 +367,7 @@ def test_the_breakdown_times_ipexs_own_step_and_unpatch_gives_it_back():
             break
     assert training.plans[model].ipex
     timed = optimizer.__dict__["step"]
-    assert timed.__module__ == "nanopatch.training.optim", timed
+    assert timed.__module__ == "nanopatch.targets.training.optim", timed
     report = nanopatch.status()["breakdown"]
     assert report["steps"] == 8 and report["samples"] == 28 and report["optimizer_s"] > 0, report
     nanopatch.unpatch_torch()

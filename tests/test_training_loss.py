@@ -1,4 +1,4 @@
-"""Cross-entropy over a large vocabulary in chunks (nanopatch.training.loss): stock's loss and
+"""Cross-entropy over a large vocabulary in chunks (nanopatch.targets.training.loss): stock's loss and
 gradients, taken only inside a paired model's training forward, stock everywhere else, gone
 after unpatch; a language model computing its loss in its forward learns as stock."""
 
@@ -12,7 +12,7 @@ from test_learning import STEPS, loop
 from torch import nn
 
 import nanopatch
-from nanopatch.training import loss
+from nanopatch.targets.training import loss
 
 VOCAB = 5000
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
-from nanopatch.training import discovery
+from nanopatch.targets.training import discovery
 
 from conftest import run_python
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from learning_oracle import framework
 
-from nanopatch import verify
-from nanopatch.__main__ import build_parser, split_argv
+from nanopatch.runner import verify
+from nanopatch.runner.cli import build_parser, split_argv
 
 from conftest import REPO_ROOT, TESTS_DIR, child_env, run_python
 

@@ -1,4 +1,4 @@
-"""nanopatch.vision._color against stock torchvision on PIL images: bit-exact for every function,
+"""nanopatch.targets.vision._color against stock torchvision on PIL images: bit-exact for every function,
 over randomized factors and images (1x1 to ~600 px, noise, gradients, flat, few levels, "L" and
 "RGB", read-only and non-contiguous inputs), exhaustive over every colour where Pillow's
 arithmetic is a table, and the fused color_jitter against stock calls in all 24 orders."""
@@ -13,7 +13,7 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as F
 from PIL import Image
 
-from nanopatch.vision import _color
+from nanopatch.targets.vision import _color
 
 SEED = 20240601
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import nanopatch
-from nanopatch.vision import datasets, decode
+from nanopatch.targets.vision import datasets, decode
 
 BACKENDS = ("turbojpeg", "opencv", "pil")
 

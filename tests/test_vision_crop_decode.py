@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 import nanopatch
-from nanopatch.vision import decode
+from nanopatch.targets.vision import decode
 
 TJSAMP_440, TJSAMP_411 = 4, 5
 

@@ -14,7 +14,7 @@ import torchvision.transforms as T
 from PIL import Image
 
 import nanopatch
-from nanopatch.vision import datasets, decode
+from nanopatch.targets.vision import datasets, decode
 
 from conftest import run_python
 
@@ -237,7 +237,7 @@ nanopatch.patch_torch()
 class Probe:
     def __call__(self, label):
         import cv2
-        from nanopatch.vision import decode
+        from nanopatch.targets.vision import decode
         return torch.tensor([cv2.getNumThreads(), decode.jpeg_backend() is not None])
 
 if __name__ == "__main__":

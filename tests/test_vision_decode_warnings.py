@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from nanopatch.vision import decode
+from nanopatch.targets.vision import decode
 
 from conftest import child_env, run_python
 
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
         for image, label in dataset:
             warnings.warn("this old API is deprecated", FutureWarning)
     if "nanopatch" in sys.modules:
-        from nanopatch.vision import decode
+        from nanopatch.targets.vision import decode
         assert decode._backend._value is not decode._backend._UNLOADED  # the loop decoded with it
         backend = decode.jpeg_backend()
         print("BACKEND", backend.name if backend is not None else "pillow")
@@ -119,7 +119,7 @@ LOADER_SCRIPT = textwrap.dedent(
             pass
     torch.library.Library("nanopatch_test", "FRAGMENT")  # dropout's kernel is registered by now
     if "nanopatch" in sys.modules:
-        from nanopatch.vision import _geometry
+        from nanopatch.targets.vision import _geometry
         print("KERNEL CHECKED", _geometry._aa_into_usable.cache_info().misses)
     """
 )
@@ -140,7 +140,7 @@ def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings(tmp_path):
 def test_warnings_from_acts_on_its_module_and_forgets_nothing():
     import warnings
 
-    from nanopatch._log import warnings_from
+    from nanopatch.foundation._log import warnings_from
 
     filters = list(warnings.filters)
     with warnings.catch_warnings(record=True) as shown:  # the test's own record

@@ -1,4 +1,4 @@
-"""nanopatch.vision._geometry against torchvision.transforms.functional on PIL images.
+"""nanopatch.targets.vision._geometry against torchvision.transforms.functional on PIL images.
 
 pad must be bit-exact; gaussian_blur must stay within 1 grey level (mean difference <= 0.5 per
 channel) and differ on a tiny fraction of values (resize, crops and flips:
@@ -16,8 +16,8 @@ import pytest
 import torchvision.transforms.functional as F
 from PIL import Image
 
-from nanopatch.vision import _geometry as G
-from nanopatch.vision._opencv import cv2
+from nanopatch.targets.vision import _geometry as G
+from nanopatch.targets.vision._opencv import cv2
 
 SMALL_SIZES = [(1, 1), (1, 9), (7, 1), (2, 2), (2, 3), (5, 8), (13, 13), (31, 17), (17, 64), (64, 64), (100, 37)]
 

@@ -18,9 +18,9 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from nanopatch.vision import _geometry as G
-from nanopatch.vision import functional as fn
-from nanopatch.vision import transforms as nt
+from nanopatch.targets.vision import _geometry as G
+from nanopatch.targets.vision import functional as fn
+from nanopatch.targets.vision import transforms as nt
 
 
 def _noise(rng, height, width):

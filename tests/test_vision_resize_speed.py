@@ -22,8 +22,8 @@ import torch
 from PIL import Image
 
 import nanopatch
-from nanopatch.vision import _geometry as g
-from nanopatch.vision._pixels import Pixels
+from nanopatch.targets.vision import _geometry as g
+from nanopatch.targets.vision._pixels import Pixels
 
 FAST_PATHS = ("_aa_into_usable", "_rgbx_rows_usable", "_axes_alike")
 

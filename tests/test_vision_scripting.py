@@ -49,7 +49,7 @@ def test_every_v2_class_records_stocks_v1_class_while_patched_and_after():
     assert sum(v1 is not None for v1 in before.values()) >= 20  # the premise: v2 records v1 classes
     for _ in range(2):  # patch, unpatch, patch again
         with nanopatch.patched(training=False):
-            assert T.Resize.__module__ == "nanopatch.vision.transforms"
+            assert T.Resize.__module__ == "nanopatch.targets.vision.transforms"
             links = ex.v1_classes_of_v2()
             assert not ex.v1_link_problems(links)
             assert all(links[name] is before[name] for name in before)
@@ -60,7 +60,7 @@ def test_every_v2_class_records_stocks_v1_class_while_patched_and_after():
 def test_common_transforms_script_and_match_eager(patched):
     """A scripted nanopatch transform computes what the eager one does on a tensor."""
     for ours in [T.Resize([32]), T.CenterCrop(20), T.Normalize([0.5] * 3, [0.2] * 3), T.RandomHorizontalFlip()]:
-        assert type(ours).__module__ == "nanopatch.vision.transforms"
+        assert type(ours).__module__ == "nanopatch.targets.vision.transforms"
         scripted, error = ex.script(ours)
         assert error is None, error
         x = torch.rand(3, 40, 44)
@@ -90,7 +90,8 @@ import torchvision.transforms.v2 as v2
 
 import vision_examples as ex
 
-assert T.Resize.__module__ == "nanopatch.vision.transforms" and v2.Resize.__module__ == "nanopatch.vision.transforms_v2"
+assert T.Resize.__module__ == "nanopatch.targets.vision.transforms"
+assert v2.Resize.__module__ == "nanopatch.targets.vision.transforms_v2"
 links = ex.v1_classes_of_v2()
 report = {"patched": ex.v1_link_problems(links), "scripting": {}}
 for version, names in ex.SCRIPTING.items():

@@ -96,11 +96,11 @@ def test_inside_a_patched_compose(name):
     step, before, after = CASES[name]
     recipe = R("Compose", [*before, step, *after])
     stock, ours = recipe.build(stock=True), recipe.build(stock=False)
-    assert type(ours).__module__ == "nanopatch.vision.transforms"
+    assert type(ours).__module__ == "nanopatch.targets.vision.transforms"
     step_type = type(ours.transforms[len(before)])
     assert step_type is getattr(T, name)
     if name in ACCELERATED:
-        assert step_type.__module__ == "nanopatch.vision.transforms" and step_type.__bases__[-1] is type(
+        assert step_type.__module__ == "nanopatch.targets.vision.transforms" and step_type.__bases__[-1] is type(
             stock.transforms[len(before)]
         )
     else:  # stock's own class, also while patched

@@ -55,7 +55,9 @@ def build(name: str):
     """(stock, ours) for EXAMPLES[name], never stock twice."""
     recipe = EXAMPLES[name]
     stock, ours = recipe.build(stock=True), recipe.build(stock=False)
-    assert type(ours).__module__ == "nanopatch.vision.transforms" and not type(stock).__module__.startswith("nano")
+    assert type(ours).__module__ == "nanopatch.targets.vision.transforms" and not type(stock).__module__.startswith(
+        "nano"
+    )
     return stock, ours
 
 
@@ -378,11 +380,11 @@ from torchvision.transforms import Resize
 names, auto = {NAMES}, {AUTO_NAMES}
 for name in names:
     ours = getattr(T, name)
-    assert ours.__module__ == "nanopatch.vision.transforms", (name, ours)
+    assert ours.__module__ == "nanopatch.targets.vision.transforms", (name, ours)
     assert getattr(torchvision.transforms, name) is ours
     assert getattr(AA if name in auto else TT, name) is ours, name
 assert Resize is T.Resize
-assert type(T.Resize(8)).__module__ == "nanopatch.vision.transforms"
+assert type(T.Resize(8)).__module__ == "nanopatch.targets.vision.transforms"
 stock = {{name: getattr(T, name)._nanopatch_stock for name in names}}
 nanopatch.unpatch_torch()
 for name in names:
@@ -390,7 +392,7 @@ for name in names:
     assert getattr(AA if name in auto else TT, name) is stock[name], name
     assert stock[name].__module__.startswith("torchvision.transforms"), stock[name]
 nanopatch.patch_torch(training=False)
-assert T.Resize.__module__ == "nanopatch.vision.transforms" and T.Resize._nanopatch_stock is stock["Resize"]
+assert T.Resize.__module__ == "nanopatch.targets.vision.transforms" and T.Resize._nanopatch_stock is stock["Resize"]
 nanopatch.unpatch_torch()
 nanopatch.unpatch_torch()  # twice: a no-op
 assert T.Resize is stock["Resize"]
@@ -408,10 +410,10 @@ stock = {{name: getattr(T, name) for name in names}}
 import nanopatch
 nanopatch.patch_torch(training=False)
 from torchvision.transforms import Resize, Compose
-assert Resize.__module__ == "nanopatch.vision.transforms" and Compose is T.Compose
+assert Resize.__module__ == "nanopatch.targets.vision.transforms" and Compose is T.Compose
 for name in names:
     ours = getattr(T, name)
-    assert ours.__module__ == "nanopatch.vision.transforms" and ours._nanopatch_stock is stock[name], name
+    assert ours.__module__ == "nanopatch.targets.vision.transforms" and ours._nanopatch_stock is stock[name], name
     assert getattr(torchvision.transforms, name) is ours
     assert getattr(AA if name in auto else TT, name) is ours, name
 # a name bound before the patch stays stock (documented), and status() says so
@@ -444,7 +446,7 @@ def test_unpatch_restores_identity_in_this_process():
     for _ in range(2):  # patch, unpatch, patch again
         with nanopatch.patched(training=False):
             for name in tc.REPLACED:
-                assert getattr(T, name).__module__ == "nanopatch.vision.transforms"
+                assert getattr(T, name).__module__ == "nanopatch.targets.vision.transforms"
                 assert getattr(T, name)._nanopatch_stock is stock[name]
         with nanopatch.unpatched():
             for name in tc.REPLACED:
@@ -511,7 +513,7 @@ if __name__ == "__main__":  # spawn workers import this file again
         sys.exit(0)
     want = batches(root, "fork", 60)  # stock: nothing patched yet
     nanopatch.patch_torch(training=False, fast_decode=False)
-    assert T.Compose.__module__ == "nanopatch.vision.transforms"
+    assert T.Compose.__module__ == "nanopatch.targets.vision.transforms"
     for context in ["fork", "spawn"]:
         got = batches(root, context, 60)
         assert len(got) == len(want) == 3, (len(got), len(want))

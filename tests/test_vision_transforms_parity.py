@@ -42,7 +42,7 @@ from PIL import Image
 from transform_cases import R, Recipe
 
 import nanopatch
-from nanopatch.vision import datasets as np_datasets
+from nanopatch.targets.vision import datasets as np_datasets
 
 #: random cases per class and input kind (containers and pipelines get more: they mix the rest)
 CASES = {name: 14 for name in tc.REPLACED}
@@ -69,7 +69,7 @@ def both(recipe: Recipe):
     stock, ours = recipe.build(stock=True), recipe.build(stock=False)
     assert not type(stock).__module__.startswith("nanopatch"), type(stock)
     if recipe.name in tc.REPLACED:
-        assert type(ours).__module__ == "nanopatch.vision.transforms", type(ours)
+        assert type(ours).__module__ == "nanopatch.targets.vision.transforms", type(ours)
         assert type(ours)._nanopatch_stock is type(stock)
     return stock, ours
 

@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision import tv_tensors
 
 import nanopatch
-from nanopatch.vision import datasets
+from nanopatch.targets.vision import datasets
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 LEVEL = 1 / 255 / min(STD) + 1e-6  # one grey level after Normalize
@@ -71,7 +71,7 @@ def build(stock: bool) -> dict[str, v2.Compose]:
         assert all(type(p).__module__.startswith("torchvision.") for p in built.values())
         return built
     built = pipelines()
-    assert all(type(p).__module__ == "nanopatch.vision.transforms_v2" for p in built.values())
+    assert all(type(p).__module__ == "nanopatch.targets.vision.transforms_v2" for p in built.values())
     return built
 
 
@@ -122,7 +122,7 @@ def test_a_lone_transform_keeps_the_pil_type(patched):
         with nanopatch.unpatched():
             stock = make()
         ours = make()
-        assert type(ours).__module__ == "nanopatch.vision.transforms_v2"
+        assert type(ours).__module__ == "nanopatch.targets.vision.transforms_v2"
         expected, got = stock(img), ours(img)
         assert isinstance(got, Image.Image) and got.mode == expected.mode and got.size == expected.size
         assert np.abs(np.asarray(got, dtype=int) - np.asarray(expected, dtype=int)).max() <= tolerance

@@ -19,8 +19,8 @@ from torchvision.transforms.v2 import AutoAugmentPolicy, InterpolationMode
 from torchvision.transforms.v2.functional._geometry import _check_interpolation
 
 import nanopatch
-from nanopatch.vision import _pipeline, transforms_v2
-from nanopatch.vision._pixels import Pixels
+from nanopatch.targets.vision import _pipeline, transforms_v2
+from nanopatch.targets.vision._pixels import Pixels
 
 NEAREST, BILINEAR = InterpolationMode.NEAREST, InterpolationMode.BILINEAR
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -59,7 +59,7 @@ def stock_and_ours(make):
         stock = make()
     ours = make()
     assert type(stock).__module__.startswith("torchvision."), type(stock)
-    assert type(ours).__module__ == "nanopatch.vision.transforms_v2", type(ours)
+    assert type(ours).__module__ == "nanopatch.targets.vision.transforms_v2", type(ours)
     return stock, ours
 
 
@@ -404,7 +404,7 @@ def test_inside_a_patched_compose_with_to_image_to_dtype_normalize(patched, mode
     assert type(ours["lambda"].transforms[2]).__module__.startswith("torchvision.")  # so does Lambda
     img = photo(*size, seed=size[0], mode=mode)
     for name in stock:
-        assert type(ours[name]).__module__ == "nanopatch.vision.transforms_v2"
+        assert type(ours[name]).__module__ == "nanopatch.targets.vision.transforms_v2"
         for seed in range(5):
             expected, stock_next = run_seeded(stock[name], seed, img)
             got, ours_next = run_seeded(ours[name], seed, img)

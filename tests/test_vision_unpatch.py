@@ -16,7 +16,7 @@ from conftest import run_python
 HELPERS = """
 import sys
 import nanopatch
-from nanopatch import _patching
+from nanopatch.engine import _patching
 
 def namespaces():
     '''(label, namespace dict) of every loaded torchvision module and every class it defines.'''

@@ -245,7 +245,7 @@ class Recipe:
             cls = cls.__dict__.get("_nanopatch_stock", cls)
             assert not cls.__module__.startswith("nanopatch"), cls
         elif self.name in REPLACED:
-            assert cls.__module__ == "nanopatch.vision.transforms", f"{self.name} is not patched: {cls}"
+            assert cls.__module__ == "nanopatch.targets.vision.transforms", f"{self.name} is not patched: {cls}"
         args = [_build(a, stock) for a in self.args]
         kwargs = {k: _build(v, stock) for k, v in self.kwargs.items()}
         return cls(*args, **kwargs)

@@ -129,7 +129,7 @@ V2_SCRIPTABLE: dict[str, Callable[[Callable[[str], type]], Any]] = {
 
 #: what the scripting checks run, and where nanopatch's classes live, per version
 SCRIPTING = {"v1": [*V1, *V1_SCRIPTABLE], "v2": [*V2, *V2_SCRIPTABLE]}
-MODULE = {"v1": "nanopatch.vision.transforms", "v2": "nanopatch.vision.transforms_v2"}
+MODULE = {"v1": "nanopatch.targets.vision.transforms", "v2": "nanopatch.targets.vision.transforms_v2"}
 
 
 def stock_of(cls: type) -> type:

@@ -31,7 +31,7 @@ def learning_definition() -> tuple[Any, bool]:
         return sys.modules[_STANDALONE_LEARNING], True
     spec = importlib.util.find_spec("nanopatch")
     assert spec is not None and spec.origin is not None, "nanopatch is not importable"
-    path = Path(spec.origin).parent / "learning.py"
+    path = Path(spec.origin).parent / "foundation" / "learning.py"
     loaded = importlib.util.spec_from_file_location(_STANDALONE_LEARNING, path)
     assert loaded is not None and loaded.loader is not None
     module = importlib.util.module_from_spec(loaded)

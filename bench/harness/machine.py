@@ -73,9 +73,9 @@ def git_state() -> dict[str, Any]:
 
 
 def machine_facts(*packages: str) -> dict[str, Any]:
-    """CPU (from ``nanopatch.cpu``: model, cores, ISA flags, bf16/AMX), memory, the versions of
+    """CPU (from ``nanopatch.foundation.cpu``: model, cores, ISA flags, bf16/AMX), memory, the versions of
     Python, torch, torchvision, nanopatch and ``packages``, the git state and the load average."""
-    from nanopatch import cpu
+    from nanopatch.foundation import cpu
 
     facts = cpu.host_facts().as_dict()
     keep = ("vendor", "model_name", "flags", "logical_cpus", "allowed_cpus", "physical_cores", "sockets")

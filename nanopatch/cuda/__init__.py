@@ -1,1 +1,2 @@
-"""``--cuda-to-cpu``: a script written for a CUDA GPU runs on the CPU, unedited (see patch.py)."""
+"""The public path of ``nanopatch.cuda.standins`` (the ``--cuda-to-cpu`` target itself is
+nanopatch/targets/cuda/)."""

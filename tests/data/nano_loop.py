@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
-import nanopatch._processes
-import nanopatch.torch_nano
+import nanopatch.compat.torch_nano
+import nanopatch.runtime._processes
 
 
 def make_model():
@@ -108,9 +108,9 @@ def parse(argv=None):
 
 ARGS = parse()  # at import: spawned processes import this file again, with the same sys.argv
 if ARGS.no_fabric:
-    nanopatch.torch_nano.fabric_available = lambda: False
+    nanopatch.compat.torch_nano.fabric_available = lambda: False
 if ARGS.spawn:
-    nanopatch._processes.why_not_fork = lambda: "as a test asks"
+    nanopatch.runtime._processes.why_not_fork = lambda: "as a test asks"
 SWITCHES = {
     "num_processes": ARGS.num_processes,
     "precision": ARGS.precision,

@@ -20,12 +20,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
-import nanopatch.torch_nano
+import nanopatch.compat.torch_nano
 
 OUT, API = sys.argv[1], sys.argv[2]
 FAIL, HANG = "--fail" in sys.argv, "--hang" in sys.argv
 if "--no-fabric" in sys.argv:  # as if Lightning were not installed
-    nanopatch.torch_nano.fabric_available = lambda: False
+    nanopatch.compat.torch_nano.fabric_available = lambda: False
 with open(os.path.join(OUT, "top-level.txt"), "a") as f:
     f.write(f"{os.getpid()}\n")
 print("preparing the data", flush=True)

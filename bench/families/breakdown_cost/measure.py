@@ -80,7 +80,7 @@ def hook_cost() -> dict[str, float]:
     import torch
     import wrapt
 
-    from nanopatch.breakdown import patch as breakdown
+    from nanopatch.targets.breakdown import patch as breakdown
 
     batch = (torch.zeros(32, 8), torch.zeros(32, dtype=torch.long))
     n = 20000

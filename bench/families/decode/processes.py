@@ -81,7 +81,7 @@ def machine(cpu: int) -> dict[str, Any]:
     from PIL import features
 
     import nanopatch
-    from nanopatch.vision import decode
+    from nanopatch.targets.vision import decode
 
     opencv_jpeg = next(
         (line.split(":", 1)[1].strip() for line in cv2.getBuildInformation().splitlines() if "JPEG:" in line), "?"

@@ -53,8 +53,8 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
     from turbojpeg import TJPF_RGB, TurboJPEG
 
     import nanopatch
-    from nanopatch.vision import datasets
-    from nanopatch.vision import decode as np_decode
+    from nanopatch.targets.vision import datasets
+    from nanopatch.targets.vision import decode as np_decode
 
     # torchvision's default_loader calls folder.pil_loader through its module globals, so under
     # the patch it is nanopatch's; the stock one is the original nanopatch saved at patch time.
@@ -136,7 +136,7 @@ def verify(funcs: dict[str, Callable[[Path], Any]], paths: dict) -> dict[str, An
     import numpy as np
     from PIL import Image
 
-    from nanopatch.vision import decode as np_decode
+    from nanopatch.targets.vision import decode as np_decode
 
     outputs: dict[str, Any] = {}
     for size, files in paths.items():

@@ -23,7 +23,7 @@ BROKEN = "broken"
 VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, IPEX_STOCK, LIGHTNING, LIGHTNING_PATCHED)
 HIDDEN_VARIANTS = (BROKEN,)
 DEFAULT_VARIANTS = (STOCK, BY_HAND, BY_HAND_TCMALLOC, PATCHED, COMPILE, IPEX, LIGHTNING)
-#: the by-hand edit and the allocator PyTorch's CPU guide has users preload (found by nanopatch.runtime)
+#: the by-hand edit and the allocator PyTorch's CPU guide has users preload (found by nanopatch.runtime.tuning)
 BY_HAND_VARIANTS = (BY_HAND, BY_HAND_TCMALLOC)
 #: variant -> patch_torch() keyword arguments; None: nanopatch is not imported at all
 PATCH_OPTIONS: dict[str, dict[str, Any] | None] = {
@@ -62,7 +62,7 @@ def ipex_interpreter(given: str | None, env: dict[str, str]) -> tuple[str | None
     matches its torch (nanopatch's own check, from package metadata: importing a mismatched
     IPEX ends the interpreter); (None, why not) otherwise."""
     python = given or sys.executable
-    code = "import json; from nanopatch.config import ipex_compatibility as c; print(json.dumps(c()))"
+    code = "import json; from nanopatch.engine.config import ipex_compatibility as c; print(json.dumps(c()))"
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=120)
         ok, why = json.loads(done.stdout.strip().splitlines()[-1])
@@ -76,7 +76,7 @@ def ipex_interpreter(given: str | None, env: dict[str, str]) -> tuple[str | None
 
 def tcmalloc_library() -> str | None:
     """The tcmalloc shared library the runner would preload, or None."""
-    from nanopatch import runtime
+    from nanopatch.runtime import tuning as runtime
 
     return runtime.find_allocator("tcmalloc")
 

@@ -49,7 +49,7 @@ class PatchStates:
 
 def crop_decode_state() -> str:
     """Whether RandomResizedCrop decodes only its box here (libjpeg-turbo 3), and why not."""
-    from nanopatch.vision import decode as np_decode
+    from nanopatch.targets.vision import decode as np_decode
 
     if os.environ.get(np_decode.CROP_DECODE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
         return f"off ({np_decode.CROP_DECODE_VARIABLE}=0): whole decode, box cut"
@@ -87,7 +87,7 @@ def implementation(variant: str, datasets: dict[str, Any], states: PatchStates) 
     import torchvision.datasets.folder as folder
 
     import nanopatch
-    from nanopatch.vision import datasets as np_datasets
+    from nanopatch.targets.vision import datasets as np_datasets
 
     encoded = {name: np_datasets.accepts_encoded(d.transform) for name, d in datasets.items()}
     loaders = {where(d.loader) for d in datasets.values()}
@@ -152,7 +152,7 @@ def verify(sets: dict, paths: dict, states: PatchStates) -> dict[str, Any]:
     """Assert what the comparison rests on; return the output differences per pipeline and size."""
     import numpy as np
 
-    from nanopatch.vision import decode as np_decode
+    from nanopatch.targets.vision import decode as np_decode
 
     for files in paths.values():  # nanopatch's loader must take its fast path, not fall back to Pillow
         for path in files:

@@ -50,7 +50,7 @@ class Prototype:
     def step(self) -> float:
         import torch
 
-        from nanopatch.training import dropout
+        from nanopatch.targets.training import dropout
 
         job = self.job
         job.optimizer.zero_grad(set_to_none=True)
@@ -88,8 +88,8 @@ def learning_steps(proto: Prototype, steps: int) -> list[dict[str, Any]]:
 
 
 def run(args) -> dict[str, Any]:
-    from nanopatch import _malloc
-    from nanopatch.training import dropout
+    from nanopatch.runtime import _malloc
+    from nanopatch.targets.training import dropout
 
     done, what = _malloc.keep_freed_memory()
     h.log(what if done else f"malloc left as it is: {what}")

@@ -1,0 +1,291 @@
+"""Options: explicit arguments beat ``NANOPATCH_*`` environment variables beat auto-detection.
+
+Every option of :func:`nanopatch.patch_torch` can also be given as an environment variable
+``NANOPATCH_<NAME>`` (``NANOPATCH_BF16=0``, ``NANOPATCH_COMPILE=max-autotune``), so processes
+started by the runner, DataLoader workers started by spawn and cluster jobs see the same
+settings. Auto-detection never imports torch: it reads CPU flags and package metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from nanopatch.foundation import cpu
+from nanopatch.foundation._log import log_once, warn_once
+
+ENV_PREFIX = "NANOPATCH_"
+
+#: torch.compile modes the ``compile`` option accepts (``True`` means ``"default"``).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_AUTO = "auto"
+
+#: option name -> kind: "bool" (on/off), "tristate" (on/off/auto), "compile" (off/on/mode).
+OPTIONS: dict[str, str] = {
+    "vision": "bool",
+    "training": "bool",
+    "bf16": "tristate",
+    "bf16_eval": "bool",
+    "channels_last": "tristate",
+    "ipex": "tristate",
+    "compile": "compile",
+    "fast_decode": "bool",
+    "data_parallel": "bool",
+    "auto_lr": "bool",
+    "fast_dropout": "bool",
+    "malloc_reuse": "bool",
+    "cuda_to_cpu": "bool",
+    "breakdown": "bool",
+}
+
+_DEFAULTS: dict[str, Any] = {
+    "vision": True,
+    "training": True,
+    "bf16_eval": True,
+    "compile": False,
+    "fast_decode": True,
+    "data_parallel": False,
+    "auto_lr": True,
+    "fast_dropout": True,
+    "malloc_reuse": True,
+    "cuda_to_cpu": False,
+    "breakdown": False,
+}
+
+
+def env_name(option: str) -> str:
+    return ENV_PREFIX + option.upper()
+
+
+def allowed_values(option: str) -> str:
+    kind = OPTIONS[option]
+    if kind == "bool":
+        return "true/false (or 1/0, yes/no, on/off)"
+    if kind == "tristate":
+        return "true/false (or 1/0, yes/no, on/off), or auto/None"
+    return "false, true, or a torch.compile mode: " + ", ".join(COMPILE_MODES)
+
+
+def _bad(option: str, value: object, where: str) -> ValueError:
+    return ValueError(f"nanopatch option {option!r}{where}: {value!r} is not allowed; use {allowed_values(option)}")
+
+
+def parse_value(option: str, value: object, where: str = "") -> Any:
+    """Normalise one option value; ``None`` means auto. Raises ValueError naming the option."""
+    kind = OPTIONS[option]
+    given = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            value = True
+        elif text in _FALSE:
+            value = False
+        elif text in (_AUTO, "none", ""):
+            value = None
+        elif kind == "compile" and text in COMPILE_MODES:
+            return text
+        else:
+            raise _bad(option, given, where)
+    if value is None:
+        if kind == "tristate":
+            return None
+        raise _bad(option, given, where)
+    if not isinstance(value, bool):
+        raise _bad(option, given, where)
+    if kind == "compile":
+        return "default" if value else False
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A fully resolved set of options, with where each value came from and why."""
+
+    vision: bool
+    training: bool
+    bf16: bool
+    bf16_eval: bool  # keep bf16 autocast when a paired model runs in eval mode
+    channels_last: bool
+    ipex: bool
+    compile: str | bool  # False, or a torch.compile mode name
+    fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
+    data_parallel: bool  # data-parallel over torch.distributed (on in `--nproc` processes)
+    auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel
+    fast_dropout: bool  # dropout masks in an accelerated training forward from a faster generator
+    malloc_reuse: bool  # glibc malloc keeps freed memory for reuse (no other allocator loaded)
+    cuda_to_cpu: bool  # a script written for a CUDA GPU runs on the CPU (its CUDA calls redirected)
+    breakdown: bool  # time the run: waiting for data, forward + backward, the optimizer step, the rest
+    sources: Mapping[str, str] = dataclasses.field(compare=False)
+    reasons: Mapping[str, str] = dataclasses.field(compare=False)
+
+    def values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in OPTIONS}
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain dict for ``status()``: each option's value, source and reason."""
+        return {
+            name: {
+                "value": getattr(self, name),
+                "source": self.sources[name],
+                "reason": self.reasons[name],
+            }
+            for name in OPTIONS
+        }
+
+    def explicit_environ(self) -> dict[str, str]:
+        """``NANOPATCH_*`` variables for the options chosen explicitly (argument or
+        environment), so child processes resolve the same values; auto choices stay auto
+        and children work them out (with their reasons) themselves."""
+        env = {}
+        for name in OPTIONS:
+            if self.sources[name] in ("argument", "environment"):
+                value = getattr(self, name)
+                env[env_name(name)] = value if isinstance(value, str) else str(int(value))
+        return env
+
+
+def resolve(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Resolve every option: arguments > ``NANOPATCH_*`` environment > auto-detection.
+
+    ``options`` values of ``None`` mean "not given" (auto). Unknown option names raise
+    TypeError, like an unexpected keyword argument; bad values raise ValueError.
+    """
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown nanopatch option(s): {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    for name in OPTIONS:
+        given = options.get(name)
+        value = parse_value(name, given) if given is not None else None
+        if value is not None:
+            sources[name], reasons[name] = "argument", f"set by patch_torch({name}=...)"
+        else:
+            var = env_name(name)
+            raw = environ.get(var)
+            if raw is not None and raw.strip():  # an empty variable counts as unset
+                value = parse_value(name, raw, f" (from {var})")
+                if value is not None:
+                    sources[name], reasons[name] = "environment", f"set by {var}={raw}"
+        if value is None:
+            if name in _DEFAULTS:
+                value = _DEFAULTS[name]
+                sources[name], reasons[name] = "default", "default"
+            else:
+                value, reasons[name] = _AUTODETECT[name]()
+                sources[name] = "auto"
+        values[name] = value
+    _check_explicit_choices(values, sources, reasons)
+    return Config(**values, sources=sources, reasons=reasons)
+
+
+def _check_explicit_choices(values: dict[str, Any], sources: dict[str, str], reasons: dict[str, str]) -> None:
+    """An explicit choice the machine cannot honour well is the user's to fix: say so once."""
+    if values["ipex"] and sources["ipex"] != "auto":
+        ok, why = ipex_compatibility()
+        if not ok:
+            values["ipex"] = False
+            reasons["ipex"] = f"{reasons['ipex']}, but {why}: IPEX stays off"
+            warn_once("explicit-ipex", f"ipex was requested, but {why}; training runs without IPEX")
+    if values["bf16"] and sources["bf16"] != "auto":
+        facts = cpu.host_facts()
+        if not facts.native_bf16:
+            reasons["bf16"] = f"{reasons['bf16']}, although {facts.bf16_reason}"
+            warn_once(
+                "explicit-bf16",
+                f"bf16 was requested, but {facts.bf16_reason}; "
+                "bf16 autocast is on as asked, and likely slower than fp32 here",
+            )
+
+
+# --- auto-detection -------------------------------------------------------------------
+
+
+def _auto_bf16() -> tuple[bool, str]:
+    facts = cpu.host_facts()
+    if not facts.native_bf16:
+        log_once("auto-bf16-off", "bf16 autocast stays off: %s", facts.bf16_reason)
+    return facts.native_bf16, facts.bf16_reason
+
+
+def _auto_channels_last() -> tuple[bool, str]:
+    facts = cpu.host_facts()
+    if facts.avx2:
+        return True, (
+            "x86 CPU with AVX2: oneDNN's fastest convolution kernels use channels-last; "
+            "applied only to models with 2-D/3-D convolutions"
+        )
+    return False, "no AVX2 on this CPU: oneDNN channels-last kernels give no gain here"
+
+
+def distribution_version(name: str) -> str | None:
+    """Installed version of a distribution, from metadata (never imports it)."""
+    import importlib.metadata  # imported only when a version is really needed (import cost)
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+#: the newest IPEX (major, minor) whose import needs transformers < 5 when transformers is installed
+IPEX_WITH_TRANSFORMERS_4 = (2, 8)
+
+
+def ipex_compatibility() -> tuple[bool, str]:
+    """Whether IPEX is installed and built for the installed torch, judged from package
+    metadata only: importing a mismatched IPEX terminates the interpreter."""
+    ipex = distribution_version("intel-extension-for-pytorch")
+    if ipex is None:
+        return False, "intel-extension-for-pytorch is not installed"
+    torch = distribution_version("torch")
+    if torch is None:
+        return False, f"intel-extension-for-pytorch {ipex} is installed but torch is not"
+    if _major_minor(ipex) != _major_minor(torch):
+        return False, (
+            f"intel-extension-for-pytorch {ipex} needs torch "
+            f"{'.'.join(map(str, _major_minor(ipex)))}.*, but torch {torch} is installed"
+        )
+    transformers = distribution_version("transformers")
+    if (
+        transformers is not None
+        and _major_minor(ipex) <= IPEX_WITH_TRANSFORMERS_4
+        and _major_minor(transformers) >= (5, 0)
+    ):
+        # its import reaches transformers' attention-mask helpers, gone in 5.x, and dies halfway
+        # (after registering its operators): not something to import
+        return False, (
+            f"intel-extension-for-pytorch {ipex} cannot be imported next to transformers {transformers} "
+            "(it needs transformers < 5)"
+        )
+    return True, f"intel-extension-for-pytorch {ipex} matches torch {torch}"
+
+
+def _auto_ipex() -> tuple[bool, str]:
+    ok, reason = ipex_compatibility()
+    if not ok:
+        log_once("auto-ipex-off", "IPEX off: %s", reason)
+    return ok, reason
+
+
+_AUTODETECT = {
+    "bf16": _auto_bf16,
+    "channels_last": _auto_channels_last,
+    "ipex": _auto_ipex,
+}

@@ -1,0 +1,692 @@
+"""Finding the model an optimizer trains, wherever its training forward runs.
+
+Every optimizer nanopatch knows of (built while patched: ``Optimizer.__init__`` is wrapped;
+built before: found when patching starts) is *pending* until a module that holds its
+parameters is called in grad mode. While any optimizer is pending, a global forward pre-hook
+watches module calls; the first (so the outermost) module called in grad mode that holds
+parameters of a pending optimizer is paired with it and accelerated, starting with that very
+call. This finds the model in a plain loop, inside ``optimizer.step(closure)`` (Lightning,
+LBFGS-style), through an outer module's method (a LightningModule's ``training_step`` calling
+``self.model(x)``), in modules that are never ``.train()``-ed, and with optimizers wrapped by
+a framework (their ``step`` ends in the real optimizer's).
+
+An optimizer's search ends after its first ``step`` returns: if by then nanopatch
+accelerated no model for it, it says so once with a :class:`~nanopatch.NanopatchWarning`
+(and ``status()`` lists it). A paired model whose accelerated forward stops running in
+training (the script calls it some other way) is reported the same way.
+
+nanopatch's optimizer hooks are global ones registered once while patched, and they never
+add or remove hooks while torch iterates over them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanopatch.engine import _patching
+from nanopatch.foundation._log import log_once, warn_once
+
+from . import dropout, ipex, optim, selfcheck
+from . import forward as fw
+from . import memory_format as mf
+from .plan import TARGET, Plan, compiling, config, data_parallel, local, lock, plans, tls, trial_for
+
+logger = logging.getLogger("nanopatch")
+
+#: steps an optimizer may take without its paired model's forward running before nanopatch says so
+SILENT_STEPS = 3
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    optimizer: weakref.ref
+    params: set[int]  # ids of the optimizer's parameters no accelerated model holds yet
+
+
+@dataclasses.dataclass(eq=False)
+class _Watch:
+    """A searched optimizer: its plans, and how their training calls moved between steps."""
+
+    name: str
+    plans: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to Plan objects
+    calls: int = 0
+    silent_steps: int = 0
+
+
+optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer seen, kept across unpatch
+pending: dict[int, _Pending] = {}  # id(optimizer) -> what is still unpaired of it
+watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Watch
+unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothing to accelerate
+converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model made channels-last for DDP -> entry
+ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
+_hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
+_outlived: list[Any] = []  # hook entries the journal let go of at unpatch, removed after the last call
+_inflight = [0]  # discovered calls running now, in every thread
+_later: list[Any] = []  # removals put off while torch iterates its hooks (see _discover_post)
+
+
+@contextlib.contextmanager
+def busy():
+    """Optimizers and module calls made by nanopatch itself (IPEX builds some) are not the
+    user's: they are ignored while this is held."""
+    local.busy = tls("busy", 0) + 1
+    try:
+        yield
+    finally:
+        local.busy -= 1
+
+
+# --- what a pairing does --------------------------------------------------------------
+
+
+def _name(module: nn.Module) -> str:
+    return type(module).__name__
+
+
+def inner(module: nn.Module) -> nn.Module:
+    """The user's model inside a (Distributed)DataParallel wrapper."""
+    if isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return module.module
+    return module
+
+
+def _param_ids(module: nn.Module) -> set[int]:
+    return {id(p) for p in module.parameters()}
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> set[int]:
+    return {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+
+def _stock_reason(module: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why this model must run stock, or None."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        return "LBFGS re-evaluates the loss in its line search; bf16 would change it"
+    first = next(module.parameters(), None)
+    if first is not None and first.device.type != "cpu":
+        return f"its parameters are on {first.device.type}"
+    for sub in module.modules():
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+            return f"{_name(sub)}(sparse=True) makes sparse gradients"
+    return None
+
+
+def _inside_paired(module: nn.Module) -> bool:
+    for model, plan in list(plans.items()):
+        if plan.installed and model is not module and any(sub is module for sub in model.modules()):
+            return True
+    return False
+
+
+def pair(module: nn.Module, optimizer: torch.optim.Optimizer) -> Plan | None:
+    """Pair ``module`` with ``optimizer`` (lock held); returns its plan, or None when the
+    module is part of a model that already is. A newly paired model is accelerated by
+    :func:`set_up`, which its caller runs once the lock is released."""
+    plan = plans.get(module)
+    _watch(optimizer)
+    if plan is not None and (plan.installed or plan.setup):
+        if type(optimizer).__name__ not in plan.optimizers:
+            plan.optimizers.append(type(optimizer).__name__)
+        if plan.installed:
+            _fast_step(plan, optimizer)
+        else:
+            plan.setup.append(optimizer)
+        _watch(optimizer, plan)
+        return plan
+    if _inside_paired(module):
+        return None
+    if plan is None:
+        plan = Plan(name=_name(module))
+        plans[module] = plan
+    plan.optimizers.append(type(optimizer).__name__)
+    _watch(optimizer, plan)
+    reason = _stock_reason(module, optimizer)
+    if reason is not None:
+        plan.stock = reason
+        log_once("stock", "%s runs stock: %s", plan.name, reason, about=module)
+        return plan
+    plan.setup.append(optimizer)
+    return plan
+
+
+def set_up(module: nn.Module, plan: Plan) -> None:
+    """Accelerate a newly paired model, without the lock: ``ipex.optimize`` takes time, and
+    wrapping the model in DDP is a collective that waits for every process. A concurrent
+    unpatch wins: what was set up is undone."""
+    with lock:
+        optimizers, plan.setup = plan.setup, []
+        cfg = config()
+    if not optimizers or cfg is None:
+        return
+    with busy():
+        try:
+            _accelerate(module, inner(module), optimizers[0], plan, cfg)
+            with lock:
+                for optimizer in optimizers[1:]:
+                    _fast_step(plan, optimizer)
+                if config() is None:  # unpatched meanwhile
+                    uninstall(module, plan)
+        except Exception as exc:
+            with lock:
+                uninstall(module, plan)
+                plan.stock = f"nanopatch failed to set it up ({type(exc).__name__}: {exc})"
+            log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
+
+
+def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
+    """``ipex.optimize`` a model (a whole LightningModule, say) and its optimizer before
+    training starts, for a framework that will run the forward inside ``optimizer.step(closure)``
+    where the search cannot apply IPEX. The model the search pairs with the optimizer later is
+    then taken as IPEX's. Returns why IPEX was not applied, or None."""
+    lib = ipex.load()
+    if lib is None:
+        return "IPEX cannot be loaded"
+    why = ipex.why_not(model, optimizer, lib, bf16)
+    if why is not None:
+        return why
+    if not selfcheck.ipex_ok(optimizer, bf16):
+        return "IPEX failed nanopatch's self-check on this torch"
+    rank = mf.channels_last_rank(model)  # before IPEX swaps its convolutions for its own modules
+    ipex.optimize(model, optimizer, bf16)
+    with lock:
+        ahead[optimizer] = (bf16, rank)
+    return None
+
+
+def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, cfg: Any) -> None:
+    bf16 = bool(cfg.bf16)
+    planned_rank = mf.channels_last_rank(model) if cfg.channels_last else None
+    if not selfcheck.forward_ok(torch.bfloat16 if bf16 else None, planned_rank):
+        plan.stock = f"nanopatch's accelerated forward failed its self-check on torch {torch.__version__}"
+        log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
+        return
+    if optimizer in ahead:  # IPEX applied before training (the weights are IPEX's, bf16 ones included)
+        ahead_bf16, rank = ahead[optimizer]
+        plan.ipex = True
+        plan.amp_dtype = torch.bfloat16 if ahead_bf16 else None
+        if cfg.channels_last:  # IPEX laid the weights out; the inputs follow
+            plan.rank = rank
+    if cfg.channels_last and not plan.ipex:
+        rank = mf.channels_last_rank(model)
+        ddp = isinstance(module, nn.parallel.DistributedDataParallel)
+        if rank is not None and ddp and not _already(model, rank):
+            # DDP laid its gradient buckets out for the strides the parameters had when it
+            # wrapped them; changing them now costs a copy per bucket and per step.
+            plan.notes.append(f"channels-last not applied: the model was already wrapped in {_name(module)}")
+            rank = None
+        if rank is not None:
+            if not _already(model, rank):  # the user's own channels-last weights stay theirs
+                plan.layout = mf.convert_model(model, rank)
+            plan.rank = rank
+    if cfg.ipex and not plan.ipex:
+        _try_ipex(module, model, optimizer, plan, bf16)
+    if not plan.ipex:
+        _fast_step(plan, optimizer)
+    keep = plan.ipex and plan.amp_dtype is not None  # IPEX bf16 weights need autocast
+    plan.amp_dtype = torch.bfloat16 if bf16 or keep else None
+    plan.amp_eval = bool(cfg.bf16_eval)
+    plan.compile_mode = cfg.compile
+    if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
+        plan.trial = trial_for(model)
+    plan.masks = bool(cfg.fast_dropout) and not cfg.compile and dropout.installed()
+    if plan.masks:
+        plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
+    plan.stock = None
+    engine = data_parallel()
+    plan.ddp = engine.attach(module, model, optimizer) if engine is not None else None
+    if plan.ddp is not None:
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {engine.world_size()} processes")
+    fw.install(module, plan)
+    logger.info("accelerating %s: %s", plan.name, plan.describe())
+
+
+def measured(cfg: Any) -> bool:
+    """Whether bf16 is measured against fp32 on a model's first steps: when nanopatch chose bf16
+    itself (an explicit ``bf16=True`` / ``NANOPATCH_BF16=1`` is honoured as asked), and not under
+    ``compile=`` (flipping autocast would recompile the graph)."""
+    return cfg.sources.get("bf16") == "auto" and not cfg.compile
+
+
+def _already(model: nn.Module, rank: int) -> bool:
+    """Whether the model's convolution weights already have the channels-last strides."""
+    fmt = mf.memory_format(rank)
+    for sub in model.modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, (nn.Conv2d, nn.Conv3d)) and isinstance(weight, torch.Tensor) and weight.dim() == rank:
+            return weight.is_contiguous(memory_format=fmt) and not weight.is_contiguous()
+    return False
+
+
+def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, bf16: bool) -> None:
+    lib = ipex.load()
+    if lib is None:
+        return
+    if model is not module:
+        why = f"the model is already wrapped in {_name(module)}"
+    elif tls("stepping", 0):
+        why = "the model was found inside optimizer.step(closure), where IPEX cannot replace the step"
+    else:
+        why = ipex.why_not(model, optimizer, lib, bf16)
+        if why is None and not selfcheck.ipex_ok(optimizer, bf16):
+            why = f"it failed nanopatch's self-check on torch {torch.__version__}"
+    if why is not None:
+        plan.notes.append(f"IPEX not used: {why}")
+        log_once("ipex-skip", "%s: IPEX not used (%s); native path", plan.name, why, about=module)
+        return
+    ipex.optimize(model, optimizer, bf16)
+    plan.ipex = True
+    if bf16:
+        plan.amp_dtype = torch.bfloat16
+
+
+def _fast_step(plan: Plan, optimizer: Any) -> None:
+    flag = optim.use_fast_step(optimizer)
+    if flag is not None:
+        plan.fast_steps.append(weakref.ref(optimizer))
+        plan.notes.append(f"{type(optimizer).__name__}: {flag} step")
+
+
+def uninstall(module: nn.Module, plan: Plan) -> None:
+    """Undo everything but IPEX. An IPEX bf16 model keeps a forward with autocast: its
+    weights are bf16 and a plain fp32 forward would fail."""
+    for ref in plan.fast_steps:
+        opt = ref()
+        if opt is not None:
+            optim.restore_step(opt)
+    plan.fast_steps.clear()
+    plan.compiled = None
+    plan.ddp = None
+    if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
+        if plan.layout is not None:
+            _patching.discard(plan.layout)
+            plan.layout = None
+        plan.rank = None
+    if plan.ipex and plan.amp_dtype is not None:
+        plan.compile_mode = False
+        plan.installed = False
+        fw.uninstall_heads(plan)
+        fw.keep(module)
+        warn_once(
+            "ipex-kept",
+            f"{plan.name} was optimized by IPEX in bf16, which cannot be undone: after unpatch it "
+            "keeps running under bf16 autocast (outputs in fp32)",
+            about=module,
+        )
+        return
+    fw.uninstall(module, plan)
+
+
+# --- the search -----------------------------------------------------------------------
+
+
+def optimizer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``Optimizer.__init__``: the outermost call (an optimizer may build another) tracks it."""
+    depth = tls("opt_depth", 0)
+    local.opt_depth = depth + 1
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        local.opt_depth = depth
+    if depth == 0 and not tls("busy", 0) and isinstance(instance, torch.optim.Optimizer):
+        try:
+            with lock:
+                track(instance)
+        except Exception:  # never break the user's optimizer
+            logger.exception("nanopatch could not track %s; it runs stock", type(instance).__name__)
+    return result
+
+
+def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``DistributedDataParallel.__init__``: a model about to be wrapped for training gets
+    channels-last first, because DDP lays its gradient buckets out for the strides the
+    parameters have now (changing them later costs a copy per bucket and step, and DDP
+    warns about it in every process)."""
+    module = args[0] if args else kwargs.get("module")
+    cfg = config()
+    if cfg is not None and cfg.channels_last and not tls("busy", 0) and isinstance(module, nn.Module):
+        try:
+            with lock:
+                rank = mf.channels_last_rank(module)
+                trains = any(p.requires_grad for p in module.parameters())
+                if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
+                    converted[module] = mf.convert_model(module, rank)
+                    logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
+        except Exception:
+            logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))
+    return wrapped(*args, **kwargs)
+
+
+def _is_ipex(module: nn.Module) -> bool:
+    return any(plan.ipex for model, plan in list(plans.items()) if model is module or model is inner(module))
+
+
+def track(optimizer: torch.optim.Optimizer) -> None:
+    """Start searching for the model ``optimizer`` trains."""
+    if config() is None or id(optimizer) in pending:
+        return
+    optimizers.add(optimizer)
+    params = optimizer_params(optimizer)
+    for model, plan in list(plans.items()):
+        if plan.installed:
+            covered = _param_ids(model) & params
+            if covered:
+                params -= covered
+                pair(model, optimizer)
+    if not params:
+        return
+    pending[id(optimizer)] = _Pending(weakref.ref(optimizer), params)
+    _start()
+
+
+def _match(module: nn.Module) -> Plan | None:
+    """Pair ``module`` with every pending optimizer it holds parameters of."""
+    ids = None
+    plan = None
+    for key, entry in list(pending.items()):
+        optimizer = entry.optimizer()
+        if optimizer is None:
+            pending.pop(key, None)
+            continue
+        if ids is None:
+            ids = _param_ids(module)
+            if not ids:
+                return None
+        if entry.params & ids:
+            plan = pair(module, optimizer) or plan
+            entry.params -= ids
+            if not entry.params:
+                pending.pop(key, None)
+    return plan
+
+
+def _start() -> None:
+    if _hooks:
+        return
+    from torch.nn.modules import module as module_mod
+
+    for handle in (
+        module_mod.register_module_forward_pre_hook(_discover_pre),
+        module_mod.register_module_forward_hook(_discover_post, always_call=True),
+    ):
+        _hooks.append(_patching.add_hook(TARGET, handle, "torch.nn.modules.module: global forward hook (model search)"))
+
+
+def stop() -> None:
+    """Remove the search's forward hooks (torch copies its hook dicts before iterating them,
+    so this is safe even from inside a module call). While a discovered call runs, in any
+    thread, its forward hook must still run after it (it leaves the autocast the pre-hook
+    entered): the hooks go when the last such call ends. If unpatch comes first, the journal
+    lets go of them (it would remove them now) and that call's hook removes them."""
+    with lock:
+        if _inflight[0]:
+            if config() is None:
+                for entry in _hooks:
+                    _patching.discard(entry, undo=False)
+                _outlived.extend(_hooks)
+                _hooks.clear()
+            return
+        entries, _hooks[:] = list(_hooks), []
+        outlived, _outlived[:] = list(_outlived), []
+    for entry in entries:
+        _patching.discard(entry)
+    for entry in outlived:
+        entry.undo()
+
+
+def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
+    """Global forward pre-hook while an optimizer is pending: pair the first module called in
+    grad mode that holds its parameters, and accelerate this very call. Nothing while
+    torch.compile traces a module's call (the hook would be traced into its graph)."""
+    if compiling():
+        return None
+    _run_later()
+    if not pending or tls("busy", 0) or tls("calls", []) or not torch.is_grad_enabled() or module in plans:
+        return None
+    try:
+        with lock:
+            plan = _match(module)
+        if plan is not None and plan.setup and plans.get(module) is plan:
+            set_up(module, plan)
+    except Exception:
+        logger.exception("nanopatch could not pair %s; it runs stock", type(module).__name__)
+        return None
+    if plan is None or not plan.installed or plan.stock is not None or plans.get(module) is not plan:
+        return None
+    # This call already fetched the class forward: run its hooks' part of the job here.
+    if plan.rank is not None:
+        args, _ = mf.convert_inputs(args, {}, plan.rank)
+        _convert_call_kwargs(plan.rank)
+    dtype = fw.amp_dtype(module, plan)
+    context = fw.ours(dtype) if dtype is not None else None
+    if context is not None:
+        context.__enter__()
+    engine = data_parallel()
+    ddp = plan.ddp if plan.ddp is not None and engine.routes(plan.ddp, module) else None
+    if ddp is not None:
+        engine.pre_forward(ddp)
+    probe = fw.Probe().__enter__()
+    tls("calls", []).append((module, context, dtype, plan, ddp, probe))
+    with lock:
+        _inflight[0] += 1
+    return args
+
+
+def _convert_call_kwargs(rank: int) -> None:
+    """Global pre-hooks see only the positional arguments; the keyword ones of this call are
+    the ``kwargs`` dict of ``Module._call_impl`` (which calls this hook), converted in place."""
+    try:
+        frame = sys._getframe(2)  # the hook's caller: _call_impl, or a closure inside it
+        if frame.f_code.co_filename != nn.modules.module.__file__:
+            return
+        kwargs = frame.f_locals.get("kwargs") if frame is not None else None
+        if isinstance(kwargs, dict) and kwargs:
+            kwargs.update(mf.convert_inputs((), kwargs, rank)[1])
+    except Exception:  # only this first call's layout is at stake
+        logger.debug("nanopatch could not convert this call's keyword inputs", exc_info=True)
+
+
+def _forward_raised() -> bool:
+    """Whether :func:`_discover_post` runs in torch's exception path: called by
+    ``Module._call_impl`` itself (the normal path calls hooks from its ``inner`` closure) while
+    an exception is handled. An exception some outer frame of the user's handles (a training
+    call inside an ``except`` block) is not this call's."""
+    try:
+        code = sys._getframe(2).f_code  # 0: here, 1: _discover_post, 2: its caller
+    except ValueError:
+        return False
+    return (
+        code.co_name == "_call_impl"
+        and code.co_filename == nn.modules.module.__file__
+        and sys.exc_info()[0] is not None
+    )
+
+
+def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
+    if compiling():
+        return None
+    calls = tls("calls", [])
+    if not calls or calls[-1][0] is not module:
+        return None
+    _, context, dtype, plan, ddp, probe = calls.pop()
+    # When the forward raised, torch runs this hook while iterating its global hook dict itself
+    # (its normal path iterates a copy): removing a hook now would replace the user's exception
+    # with "OrderedDict mutated during iteration". The removals wait for the next safe point.
+    handling = _forward_raised()
+    if handling:
+        _later.append(lambda: probe.__exit__(None, None, None))
+    else:
+        probe.__exit__(None, None, None)
+    if context is not None:
+        context.__exit__(None, None, None)
+    with lock:
+        _inflight[0] -= 1
+        last = not _inflight[0] and (not pending or config() is None)
+    if last:
+        if handling:
+            _later.append(stop)
+        else:
+            stop()
+    if ddp is not None and result is not None:
+        result = data_parallel().post_forward(ddp, result)
+    if module.training and torch.is_grad_enabled() and not handling:  # a call that raised is not observed
+        fw.observe(plan, probe, dtype)
+    if context is None or result is None:
+        return result if ddp is not None else None
+    return fw.finish(module, plan, result, dtype)
+
+
+# --- the optimizer's steps ------------------------------------------------------------
+
+
+def _watch(optimizer: Any, plan: Plan | None = None) -> None:
+    watch = watched.get(optimizer)
+    if watch is None:
+        watch = watched[optimizer] = _Watch(type(optimizer).__name__)
+    if plan is not None and not any(ref() is plan for ref in watch.plans):
+        watch.plans.append(weakref.ref(plan))
+
+
+def step_pre(optimizer: Any, args: tuple, kwargs: dict) -> None:
+    local.stepping = tls("stepping", 0) + 1
+    _run_later()
+
+
+def _run_later() -> None:
+    """The hook removals put off by :func:`_discover_post` (torch copies its hooks before it
+    iterates them here)."""
+    while _later:
+        _later.pop(0)()
+
+
+def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
+    local.stepping = max(0, tls("stepping", 0) - 1)
+    if config() is None or tls("busy", 0):
+        return
+    try:
+        with lock:
+            if id(optimizer) in pending:
+                _conclude(optimizer)
+            watch = watched.get(optimizer)
+            if watch is not None and watch.plans:
+                _check_running(optimizer, watch)
+                for plan in (ref() for ref in watch.plans):
+                    if plan is not None and plan.trial is not None:
+                        plan.trial.on_step(plan)
+    except Exception:  # never break the user's step
+        logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
+
+
+def _conclude(optimizer: Any) -> None:
+    """The optimizer took its first step: the search for its model ends here."""
+    entry = pending.pop(id(optimizer), None)
+    if not pending:
+        stop()
+    if entry is None:
+        return
+    watch = watched.get(optimizer)
+    live = [plan for plan in (ref() for ref in (watch.plans if watch else [])) if plan is not None]
+    accelerated = [plan for plan in live if plan.stock is None]
+    if accelerated:
+        if entry.params != optimizer_params(optimizer):
+            log_once(
+                "partly",
+                "%s: %d of its parameters belong to no module called in grad mode; they train as they are",
+                type(optimizer).__name__,
+                len(entry.params),
+                about=optimizer,
+            )
+        return
+    if not _anything_to_do():
+        return
+    name = type(optimizer).__name__
+    if live:
+        why = f"its model {live[0].name} runs stock: {live[0].stock}"
+        advice = "nothing to do if that is intended; otherwise see the reason"
+    else:
+        why = "no module holding its parameters was called (through model(...)) in grad mode before its first step"
+        advice = (
+            "call the model as model(inputs), not model.forward(inputs) or a functional call, "
+            "or switch the patch off for this script (training=False)"
+        )
+    unaccelerated.append({"optimizer": name, "reason": why})
+    warn_once("unaccelerated", f"nanopatch accelerated no model for {name}: {why}; {advice}", about=optimizer)
+
+
+def _check_running(optimizer: Any, watch: _Watch) -> None:
+    """Say once when the accelerated forwards of this optimizer's models stop running in
+    training (the script calls its model some other way)."""
+    live = [plan for plan in (ref() for ref in watch.plans) if plan is not None and plan.stock is None]
+    if not live:
+        return
+    calls = sum(plan.training_calls for plan in live)
+    if calls != watch.calls:
+        watch.calls = calls
+        watch.silent_steps = 0
+        return
+    watch.silent_steps += 1
+    if watch.silent_steps == SILENT_STEPS:
+        names = ", ".join(plan.name for plan in live)
+        why = f"the accelerated forward of {names} did not run in the last {SILENT_STEPS} steps of {watch.name}"
+        unaccelerated.append({"optimizer": watch.name, "reason": why})
+        warn_once(
+            "silent",
+            f"nanopatch: {why}; the model is trained through another path (e.g. model.forward(...) "
+            "called directly, or a compiled copy), which runs stock",
+            about=optimizer,
+        )
+
+
+def _anything_to_do() -> bool:
+    cfg = config()
+    return cfg is not None and bool(cfg.bf16 or cfg.channels_last or cfg.ipex or cfg.compile)
+
+
+def scan() -> None:
+    """Track the optimizers that exist already (built before patching, or before this
+    ``patched()`` region)."""
+    import gc
+
+    classes, todo = {torch.optim.Optimizer}, [torch.optim.Optimizer]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in classes:
+                classes.add(sub)
+                todo.append(sub)
+    # An instance of a class defined in Python refers to its class, so the collector's own walk
+    # finds them (in C: several times faster than testing every object, on each patched()).
+    for obj in gc.get_referrers(*classes):
+        if type(obj) in classes:  # type(): no __class__ lookup on proxies
+            optimizers.add(obj)
+    for optimizer in list(optimizers):
+        track(optimizer)
+
+
+def reset() -> None:
+    """Forget the search (at unpatch)."""
+    pending.clear()
+    _run_later()
+    stop()
+    watched.clear()
+    unaccelerated.clear()
+    for change in list(converted.values()):
+        _patching.discard(change)
+    converted.clear()
+
+
+def training_now() -> bool:
+    """Whether a model is being trained at this moment: grad on, and a found model in
+    training mode (or, before any is found, an optimizer waiting for its model)."""
+    if not torch.is_grad_enabled():
+        return False
+    models = [m for m, plan in list(plans.items()) if plan.installed or plan.stock is not None]
+    if models:
+        return any(m.training for m in models)
+    return bool(pending)

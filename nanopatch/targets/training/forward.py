@@ -1,0 +1,338 @@
+"""The forwards nanopatch installs on a paired model instance and on its output activations.
+
+:class:`AcceleratedForward` converts 4-D (5-D) inputs to channels-last, runs the model's own
+forward under bf16 autocast (optionally ``torch.compile``-d, optionally through the DDP
+wrapper of a ``--nproc`` run) and hands the floating outputs back in fp32.
+
+:class:`Fp32Forward` goes on a model's output activations (``Sigmoid``, ``Softmax``,
+``LogSoftmax``, ``Softmin`` after its last layer with parameters): in bf16, ``sigmoid(8)``
+rounds to exactly 1.0 and a ``BCELoss`` with target 0 then sees ``log(0)``; these run in fp32
+while nanopatch's autocast is on.
+
+Both live in the instance's ``__dict__`` only while patched (set and undone through the patch
+engine's journal: :func:`nanopatch.engine._patching.set_on`). Pickles and deep copies never
+carry them: ``nn.Module.__getstate__`` is wrapped to leave them out (:func:`module_getstate`),
+so ``torch.save(model)`` loads anywhere, and a copy runs the class's own forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanopatch.engine import _patching
+from nanopatch.foundation._log import log_once, warn_once
+
+from . import amp, dropout
+from . import memory_format as mf
+from .plan import TARGET, Plan, config, data_parallel, local, tls
+
+logger = logging.getLogger("nanopatch")
+
+#: output activation modules computed in fp32 under nanopatch's autocast
+HEAD_ACTIVATIONS = (nn.Sigmoid, nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Softmax2d)
+
+
+class _InstanceForward:
+    """An instance-level ``forward`` that calls the one it replaced (the class's, or an
+    instance-level one that was there before); transparent to ``inspect.signature``."""
+
+    def __init__(self, module: nn.Module, previous: Any) -> None:
+        self.module = module
+        self.previous = previous
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.original()
+
+    def original(self) -> Any:
+        if self.previous is not _patching.NOTSET:
+            return self.previous
+        return type(self.module).forward.__get__(self.module)
+
+    def __reduce__(self) -> Any:
+        # Only reached when a subclass's own __getstate__ bypasses nn.Module's: pickle the
+        # plain forward, which needs nothing of nanopatch to load.
+        if self.previous is not _patching.NOTSET:
+            return (_identity, (self.previous,))
+        return (functools.partial, (type(self.module).forward, self.module))
+
+    def __repr__(self) -> str:
+        return f"<nanopatch {type(self).__name__} of {self.original()!r}>"
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class AcceleratedForward(_InstanceForward):
+    """The ``forward`` nanopatch installs on a paired model instance."""
+
+    def __init__(self, module: nn.Module, plan: Plan) -> None:
+        super().__init__(module, plan.previous_forward)
+        self.plan = plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        plan = self.plan
+        forward = self.original()
+        if plan.stock is not None:
+            return forward(*args, **kwargs)
+        if plan.rank is not None:
+            args, kwargs = mf.convert_inputs(args, kwargs, plan.rank)
+        module = self.module
+        training = module.training and torch.is_grad_enabled()
+        dtype = amp_dtype(module, plan)
+        if plan.compile_mode and config() is not None:
+            forward = _compiled(module, plan, forward)
+        if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
+            forward = data_parallel().through(plan.ddp, forward)
+        probe = Probe() if training and (plan.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
+        masks = _fast_masks(plan) if training else _nothing
+        with probe if probe is not None else _nothing, masks:
+            if dtype is None:
+                out = forward(*args, **kwargs)
+            else:
+                with ours(dtype):
+                    out = forward(*args, **kwargs)
+        if training:
+            observe(plan, probe, dtype)
+        return out if dtype is None else finish(module, plan, out, dtype)
+
+
+class Fp32Forward(_InstanceForward):
+    """The ``forward`` of an output activation while nanopatch's autocast is on: bf16 inputs
+    are cast to fp32 and the activation runs outside autocast."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward = self.original()
+        if not tls("ours", 0):
+            return forward(*args, **kwargs)
+        args = tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args)
+        with torch.autocast("cpu", enabled=False):
+            return forward(*args, **kwargs)
+
+
+class ours:
+    """nanopatch's own bf16 autocast (output activations check for it)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self._autocast = amp.autocast(dtype)
+
+    def __enter__(self) -> None:
+        self._autocast.__enter__()
+        local.ours = tls("ours", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        local.ours -= 1
+        self._autocast.__exit__(*exc)
+
+
+class _FastMasks:
+    """A :class:`dropout.region` around an accelerated training call; the plan notes whether
+    masks were drawn fast in it."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._region = dropout.region()
+
+    def __enter__(self) -> None:
+        self._region.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._region.__exit__(*exc)
+        if self._region.fast:
+            self._plan.fast_dropout = True
+
+
+def _fast_masks(plan: Plan) -> Any:
+    active = config()
+    if active is None or not active.fast_dropout or not plan.masks or plan.compile_mode or not dropout.installed():
+        return _nothing
+    return _FastMasks(plan)
+
+
+#: a training call in this many is probed for the dtype its layers computed in
+PROBE_EVERY = 50
+
+_nothing = contextlib.nullcontext()
+
+
+class Probe:
+    """While entered, a global forward hook notes the dtypes that the model's layers (modules
+    with parameters of their own) produce; ``dtype`` is the lowest precision seen."""
+
+    def __init__(self) -> None:
+        self.dtype: torch.dtype | None = None
+        self._handle: Any = None
+
+    def __enter__(self) -> Probe:
+        from torch.nn.modules import module as module_mod
+
+        self._handle = module_mod.register_module_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()  # torch copies the hook dict before it iterates: safe mid-call
+
+    def _hook(self, module: nn.Module, args: Any, out: Any) -> None:
+        if not module._parameters:
+            return
+        dtype = amp.first_float_dtype(out)
+        if dtype is not None and (self.dtype is None or torch.finfo(dtype).bits < torch.finfo(self.dtype).bits):
+            self.dtype = dtype
+
+
+def observe(plan: Plan, probe: Probe | None, dtype: torch.dtype | None) -> None:
+    """Record a training call: the dtype its layers computed in (when probed), and whose
+    autocast was on."""
+    if probe is not None:
+        plan.reprobe = False
+    if dtype is not None:
+        source = "nanopatch"
+    elif amp.autocast_enabled():
+        source = "framework"
+    else:
+        source = None
+    plan.observe(probe.dtype if probe is not None else None, source)
+
+
+def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:
+    """The autocast dtype for this call, or None: off, eval mode without ``bf16_eval``, or
+    an autocast already on (the user's own, a framework's, or an outer model of ours)."""
+    if plan.amp_dtype is None or amp.autocast_enabled():
+        return None
+    if plan.trial is not None and not plan.trial.bf16:
+        return None  # an fp32 step of the measurement
+    if not module.training and not plan.amp_eval and not plan.ipex:
+        return None  # an IPEX bf16 model has bf16 weights: it needs autocast in eval too
+    return plan.amp_dtype
+
+
+def finish(module: nn.Module, plan: Plan, out: Any, dtype: torch.dtype) -> Any:
+    try:
+        return amp.to_fp32(out, dtype)
+    except amp.Uncastable as exc:
+        if not plan.ipex:
+            plan.amp_dtype = None
+            plan.notes.append(f"bf16 autocast off: its forward returns {exc}, which nanopatch cannot cast to fp32")
+        log_once(
+            "uncastable",
+            "%s returns %s, which nanopatch cannot cast back to fp32; %s",
+            plan.name,
+            exc,
+            "bf16 autocast is off for it from now on"
+            if not plan.ipex
+            else "its outputs may hold bf16 tensors (IPEX bf16 needs autocast)",
+            level=logging.WARNING,
+            about=module,
+        )
+        return out
+
+
+def _compiled(module: nn.Module, plan: Plan, forward: Any) -> Any:
+    """``forward`` compiled with the plan's mode, falling back to eager (said once) when
+    compiling fails."""
+    if plan.compiled is None:
+        try:
+            plan.compiled = torch.compile(forward, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+        except Exception as exc:
+            _compile_failed(module, plan, exc)
+            return forward
+    compiled = plan.compiled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as exc:
+            try:
+                result = forward(*args, **kwargs)
+            except Exception:
+                raise exc from None  # the model's own error: raised as eager raises it
+            _compile_failed(module, plan, exc)
+            return result
+
+    return run
+
+
+def _compile_failed(module: nn.Module, plan: Plan, exc: BaseException) -> None:
+    plan.compile_mode = False
+    plan.compiled = None
+    plan.notes.append(f"torch.compile failed ({type(exc).__name__}); eager")
+    warn_once(
+        "compile",
+        f"torch.compile of {plan.name} failed ({type(exc).__name__}: {exc}); it runs eagerly",
+        stacklevel=3,
+        about=module,
+    )
+
+
+# --- installing and removing ----------------------------------------------------------
+
+
+def install(module: nn.Module, plan: Plan) -> None:
+    if plan.installed:
+        return
+    current = module.__dict__.get("forward", _patching.NOTSET)
+    if isinstance(current, AcceleratedForward):  # left on by unpatch (IPEX): reuse it
+        current.plan = plan
+        plan.previous_forward = current.previous
+    else:
+        plan.previous_forward = current
+        _patching.set_on(TARGET, module, "forward", AcceleratedForward(module, plan))
+    if plan.amp_dtype is not None and not plan.heads:
+        for head in output_activations(module):
+            if not isinstance(head.__dict__.get("forward"), Fp32Forward):
+                previous = head.__dict__.get("forward", _patching.NOTSET)
+                _patching.set_on(TARGET, head, "forward", Fp32Forward(head, previous))
+                plan.heads.append(head)
+        if plan.heads:
+            plan.notes.append(f"{len(plan.heads)} output activation(s) computed in fp32")
+    plan.installed = True
+
+
+def uninstall_heads(plan: Plan) -> None:
+    for head in plan.heads:
+        _patching.restore_on(TARGET, head, "forward")
+    plan.heads.clear()
+
+
+def uninstall(module: nn.Module, plan: Plan) -> None:
+    _patching.restore_on(TARGET, module, "forward")
+    uninstall_heads(plan)
+    plan.installed = False
+
+
+def keep(module: nn.Module) -> None:
+    """The model's accelerated forward stays on after unpatch (an IPEX bf16 model needs it)."""
+    _patching.keep_on(TARGET, module, "forward")
+
+
+def output_activations(model: nn.Module) -> list[nn.Module]:
+    """The model's output activations: ``Sigmoid``/``Softmax``-like modules registered after
+    its last module with parameters of its own."""
+    found: list[nn.Module] = []
+    for sub in model.modules():
+        if any(True for _ in sub.parameters(recurse=False)):
+            found = []
+        elif isinstance(sub, HEAD_ACTIVATIONS):
+            found.append(sub)
+    return found
+
+
+def module_getstate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``nn.Module.__getstate__`` without nanopatch's instance forwards in it."""
+    state = wrapped(*args, **kwargs)
+    if isinstance(state, dict) and isinstance(state.get("forward"), _InstanceForward):
+        if state is instance.__dict__:
+            state = dict(state)
+        previous = state["forward"].previous
+        if previous is _patching.NOTSET:
+            del state["forward"]
+        else:
+            state["forward"] = previous
+    return state

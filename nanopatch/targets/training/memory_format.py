@@ -1,0 +1,79 @@
+"""Channels-last for models with convolutions, and for their 4-D (5-D) float inputs.
+
+oneDNN's fastest CPU convolutions work on NHWC; a model converted with
+``model.to(memory_format=torch.channels_last)`` keeps its parameters (the same ``Parameter``
+objects, so an optimizer built before still holds them) and only changes their strides.
+Models without 2-D/3-D convolutions are left alone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanopatch.engine import _patching
+
+from .plan import TARGET
+
+_CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
+_CONV3D = (nn.Conv3d, nn.ConvTranspose3d)
+
+
+def channels_last_rank(model: nn.Module) -> int | None:
+    """4 for a model with 2-D convolutions, 5 with 3-D ones (and no 2-D ones), else None."""
+    has_3d = False
+    for module in model.modules():
+        if isinstance(module, _CONV2D):
+            return 4
+        if isinstance(module, _CONV3D):
+            has_3d = True
+    return 5 if has_3d else None
+
+
+def memory_format(rank: int) -> torch.memory_format:
+    return torch.channels_last if rank == 4 else torch.channels_last_3d
+
+
+def convert_model(model: nn.Module, rank: int) -> Any:
+    """Make the model's weights channels-last; the change is an entry of the patch engine's
+    journal (undone at unpatch, or by ``_patching.discard`` of what this returns), forgotten if
+    the model is dropped."""
+    model.to(memory_format=memory_format(rank))
+    ref = weakref.ref(model)
+
+    def undo() -> None:
+        alive = ref()
+        if alive is not None:
+            restore_model(alive)
+
+    return _patching.on_undo(TARGET, undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
+
+
+def restore_model(model: nn.Module) -> None:
+    """Back to contiguous (stock) strides; only floating tensors of the convolution rank
+    change, as in :func:`convert_model`."""
+    model.to(memory_format=torch.contiguous_format)
+
+
+def _convert(value: Any, rank: int, fmt: torch.memory_format) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == rank and value.is_floating_point():
+        return value.contiguous(memory_format=fmt)
+    return value
+
+
+def convert_inputs(args: tuple, kwargs: dict, rank: int) -> tuple[tuple, dict]:
+    """Float tensors of ``rank`` dimensions among the call's arguments (and one level into
+    lists and tuples), made channels-last; everything else as given."""
+    fmt = memory_format(rank)
+    new_args = tuple(_convert_item(a, rank, fmt) for a in args)
+    new_kwargs = {k: _convert_item(v, rank, fmt) for k, v in kwargs.items()} if kwargs else kwargs
+    return new_args, new_kwargs
+
+
+def _convert_item(value: Any, rank: int, fmt: torch.memory_format) -> Any:
+    if type(value) in (list, tuple):
+        return type(value)(_convert(v, rank, fmt) for v in value)
+    return _convert(value, rank, fmt)

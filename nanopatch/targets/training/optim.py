@@ -1,0 +1,141 @@
+"""Native fused/foreach optimizer steps for the optimizers torch has them for.
+
+On CPU, torch's optimizers default to one Python loop over the parameters. Where torch ships
+a fused CPU kernel (``SGD``, ``Adam``, ``AdamW``, ``Adagrad`` on recent torch) nanopatch turns
+it on, else the multi-tensor ``foreach`` path, but only for groups where the user left both
+flags unset. The flags are taken out of ``optimizer.state_dict()`` again (and put back after
+``load_state_dict``), so checkpoints are the ones stock would write.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from nanopatch.engine import _patching
+
+from . import selfcheck
+from .plan import TARGET
+
+_FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
+_FOREACH = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop", "ASGD", "Adadelta")
+#: optimizer -> (flag, indices of the groups changed, the journal's entry)
+_fast: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cpu_fused_supported() -> bool:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return False
+    return "cpu" in _get_fused_kernels_supported_devices()
+
+
+def _dense_cpu_float(group: dict) -> bool:
+    return all(
+        isinstance(p, torch.Tensor) and p.device.type == "cpu" and p.is_floating_point() and not p.is_sparse
+        for p in group["params"]
+    )
+
+
+def choose_flag(optimizer: torch.optim.Optimizer) -> str | None:
+    """ "fused" or "foreach" for an optimizer torch has that path for, else None."""
+    cls = type(optimizer)
+    if cls.__module__.split(".")[:2] != ["torch", "optim"]:
+        return None  # a subclass or third-party optimizer: its step may not read the flags
+    if not hasattr(optimizer, "register_state_dict_post_hook"):
+        return None  # torch < 2.3: no way to keep checkpoints stock
+    if cls.__name__ in _FUSABLE and _cpu_fused_supported():
+        return "fused"
+    if cls.__name__ in _FOREACH:
+        return "foreach"
+    return None
+
+
+def _eligible(group: dict, flag: str) -> bool:
+    return (
+        flag in group
+        and group.get("fused") is None
+        and group.get("foreach") is None
+        and not group.get("differentiable", False)
+        and not group.get("capturable", False)
+        and _dense_cpu_float(group)
+    )
+
+
+def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
+    """Switch the optimizer's unset step flags to its fastest native path; returns the flag
+    set ("fused"/"foreach") or None when nothing changed. The change (flags and the two
+    state-dict hooks) is an entry of the patch engine's journal: undone at unpatch, or by
+    :func:`restore_step`."""
+    flag = choose_flag(optimizer)
+    if flag is None or optimizer in _fast:
+        return None
+    changed = [i for i, g in enumerate(optimizer.param_groups) if _eligible(g, flag)]
+    if not changed or not selfcheck.step_ok(optimizer, flag):
+        return None
+    for i in changed:
+        optimizer.param_groups[i][flag] = True
+    handles = (
+        optimizer.register_state_dict_post_hook(_stock_flags),
+        optimizer.register_load_state_dict_post_hook(_reapply),
+    )
+    ref = weakref.ref(optimizer)
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+        opt = ref()
+        if opt is None:
+            return
+        _fast.pop(opt, None)
+        for i in changed:
+            if i < len(opt.param_groups):
+                opt.param_groups[i][flag] = None
+
+    where = f"{type(optimizer).__name__}(at {id(optimizer):#x}): {flag} step"
+    entry = _patching.on_undo(TARGET, undo, where, owner=optimizer)
+    _fast[optimizer] = (flag, changed, entry)
+    return flag
+
+
+def restore_step(optimizer: torch.optim.Optimizer) -> None:
+    """Undo :func:`use_fast_step`: the flags back to unset, the hooks removed."""
+    state = _fast.get(optimizer)
+    if state is not None:
+        _patching.discard(state[2])
+
+
+def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    flag, changed, _ = _fast[optimizer]
+    for i in changed:
+        if i < len(state_dict["param_groups"]):
+            state_dict["param_groups"][i][flag] = None
+    return state_dict
+
+
+def _reapply(optimizer: torch.optim.Optimizer) -> None:
+    flag, changed, _ = _fast[optimizer]
+    for i in changed:
+        if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
+            optimizer.param_groups[i][flag] = True
+
+
+def around_step(optimizer: torch.optim.Optimizer, own: Any, pre: Any, post: Any) -> Any:
+    """A ``step`` that runs ``pre`` and ``post`` around ``own``, an instance-level step (IPEX's
+    fused one), which torch's step hooks never see. Torch's hook convention: both get
+    ``(optimizer, args, kwargs)`` with the optimizer first in ``args``; ``pre`` may return new
+    ``(args, kwargs)``. ``post`` runs even when the step raises."""
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        changed = pre(optimizer, (optimizer, *args), kwargs)
+        if changed is not None:
+            args, kwargs = tuple(changed[0][1:]), changed[1]
+        try:
+            return own(*args, **kwargs)
+        finally:
+            post(optimizer, (optimizer, *args), kwargs)
+
+    return step

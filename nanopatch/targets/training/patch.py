@@ -1,0 +1,135 @@
+"""The ``training`` patch target: find the model a script trains and accelerate it.
+
+* :mod:`.discovery` finds the model each optimizer trains, at its first call in grad mode,
+  wherever that call happens, and says once when it found none;
+* :mod:`.plan` holds what was done to each model and what its forward really ran in;
+* :mod:`.forward` is the accelerated forward (channels-last inputs, bf16 autocast, outputs
+  back in fp32, output activations in fp32).
+
+A paired model gets, in this order: channels-last (if it has 2-D/3-D convolutions), IPEX
+``optimize`` together with its optimizer (when IPEX is installed, matches torch, and can fuse
+that optimizer) or else torch's fused/foreach optimizer step, and the accelerated forward.
+Everything but IPEX is undone at unpatch: every change (the instance forwards, the hooks, the
+optimizers' step flags) is an entry of the patch engine's journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from nanopatch.engine import _patching
+from nanopatch.foundation._log import log_once
+from nanopatch.runtime import _malloc
+from nanopatch.runtime import tuning as runtime
+
+from . import attention, discovery, dropout, loss, replay, selfcheck
+from . import forward as fw
+from .plan import TARGET, lock, plans, state
+
+__all__ = ["describe", "patch", "plans", "release_data_parallel", "self_checks", "summary", "training_now", "unpatch"]
+
+#: torch versions this target is written against (module hooks with always_call, autocast on CPU).
+SUPPORTED = {"torch": ">=2.1"}
+
+
+def patch(config: Any) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim import optimizer as optimizer_mod
+
+    state["config"] = config
+    _patching.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
+    _patching.wrap(nn.Module, "__getstate__", fw.module_getstate)
+    _patching.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    if hasattr(F, "_in_projection_packed"):
+        _patching.wrap(F, "_in_projection_packed", attention.in_projection_packed)
+    if runtime.run_cpus() is not None:
+        # under the runner the main thread is pinned to one CPU: torch's warning about too many
+        # DataLoader workers must count the run's CPUs, as it does without the runner
+        from torch.utils.data import dataloader
+
+        _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
+    if config.malloc_reuse:
+        _keep_freed_memory()
+    loss.install()
+    missing = replay.install()
+    if config.fast_dropout:
+        if missing:
+            # a replayed forward would draw stock masks where its forward drew fast ones
+            log_once(
+                "fast-dropout-replay",
+                "fast dropout masks off: activation checkpointing cannot be hooked on torch %s (%s)",
+                torch.__version__,
+                ", ".join(missing),
+            )
+        elif dropout.install():
+            attention.install()
+    for handle in (
+        optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
+        optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
+    ):
+        _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (model search)")
+    with lock:
+        for plan in list(plans.values()):
+            if plan.ipex and not plan.installed:
+                plan.installed = True  # its forward never left: it is accelerated again
+        if not _patching.applied_on_import():  # torch only now imported: no optimizer exists yet
+            discovery.scan()
+
+
+def _keep_freed_memory() -> None:
+    done, what = _malloc.keep_freed_memory()
+    if done:
+        _patching.on_undo(TARGET, _malloc.restore_defaults, what)
+    log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
+
+
+def unpatch() -> None:
+    with lock:
+        state["config"] = None
+        for model, plan in list(plans.items()):
+            if plan.installed:
+                discovery.uninstall(model, plan)
+            if not plan.ipex:
+                del plans[model]
+        discovery.reset()
+
+
+def release_data_parallel() -> None:
+    """Every model's plan lets go of its DDP wrapper (the process group is about to end)."""
+    with lock:
+        for plan in list(plans.values()):
+            plan.ddp = None
+
+
+def training_now() -> bool:
+    """Whether a model is being trained at this moment (a loader iterated now feeds it)."""
+    with lock:
+        return discovery.training_now()
+
+
+def describe() -> list[dict[str, Any]]:
+    """One entry per model nanopatch found, and one per optimizer it accelerated nothing for,
+    for ``nanopatch.status()``."""
+    with lock:
+        found = [plan.describe() for plan in list(plans.values())]
+        for entry in discovery.unaccelerated:
+            found.append({"model": None, "optimizers": [entry["optimizer"]], "stock": entry["reason"]})
+        return found
+
+
+def self_checks() -> list[dict[str, Any]]:
+    """The self-check probes run in this process (:mod:`.selfcheck`): which fast path, whether
+    it agreed with stock, and why not."""
+    return selfcheck.results()
+
+
+def summary() -> list[str]:
+    """What training ran with, one line per model or unaccelerated optimizer."""
+    with lock:
+        lines = [plan.summary() for plan in list(plans.values())]
+        lines.extend(f"{e['optimizer']}: no model accelerated ({e['reason']})" for e in discovery.unaccelerated)
+        return lines

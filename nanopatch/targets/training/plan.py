@@ -1,0 +1,224 @@
+"""The training patch's shared state: one :class:`Plan` per model nanopatch accelerates, the
+configuration in force, and the lock that guards both.
+
+A plan says what was done to one model (channels-last, IPEX, fused steps, data-parallel) and
+what its training forward really ran in (``computed_in``, ``autocast``, ``training_calls``,
+observed on each training call, not planned), for :func:`nanopatch.status`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanopatch.engine import _patching
+
+#: the patch engine's name for the training target (what its journal entries are filed under)
+TARGET = "training"
+
+lock = threading.RLock()
+local = threading.local()
+
+_engines: dict[str, Any] = {}
+
+
+def register_data_parallel(engine: Any) -> None:
+    """The data-parallel engine (:mod:`nanopatch.targets.parallel.patch` registers itself when it is
+    imported; training never imports it): pairing asks it to wrap the model in DDP
+    (``attach(module, model, optimizer)`` -> a wrapper or None, ``world_size()``), and the
+    accelerated forward routes a training call through that wrapper (``routes``, ``through``,
+    ``pre_forward``, ``post_forward``)."""
+    _engines["data_parallel"] = engine
+
+
+def data_parallel() -> Any:
+    """The registered data-parallel engine, or None."""
+    return _engines.get("data_parallel")
+
+
+#: the active nanopatch Config while patched, else None
+state: dict[str, Any] = {"config": None}
+
+#: model -> Plan, for every model nanopatch found while patched (IPEX ones also after)
+plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+logger = logging.getLogger("nanopatch")
+
+
+def config() -> Any:
+    return state["config"]
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing this call (nanopatch's hooks and kernels stand aside:
+    its graph gets stock's operators)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and compiler.is_compiling()
+
+
+def tls(name: str, default: Any) -> Any:
+    """A per-thread value, created with ``default`` on first use."""
+    if not hasattr(local, name):
+        setattr(local, name, default)
+    return getattr(local, name)
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """What nanopatch did to one model, and how its forward runs."""
+
+    name: str
+    amp_dtype: torch.dtype | None = None  # bf16 autocast dtype, None = off
+    amp_eval: bool = True
+    rank: int | None = None  # channels-last rank (4 or 5) applied, None = untouched
+    ipex: bool = False  # IPEX-optimized (cannot be undone)
+    compile_mode: str | bool = False
+    compiled: Any = None
+    optimizers: list[str] = dataclasses.field(default_factory=list)
+    fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
+    heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
+    stock: str | None = None  # why this model runs stock, if it does
+    notes: list[str] = dataclasses.field(default_factory=list)
+    installed: bool = False
+    previous_forward: Any = _patching.NOTSET
+    setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
+    ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
+    layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
+    # observed on training calls (grad mode, training mode)
+    training_calls: int = 0
+    computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
+    autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
+    masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
+    fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
+    trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
+    bf16_measured: str | None = None  # the trial's decision, once made
+    reprobe: bool = False  # probe the next training call (what it computes in changed)
+
+    def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
+        self.training_calls += 1
+        self.autocast = autocast
+        if dtype is not None:
+            self.computed_in = str(dtype).replace("torch.", "")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "optimizers": list(self.optimizers),
+            "bf16": self.amp_dtype is not None,
+            "bf16_eval": self.amp_dtype is not None and self.amp_eval,
+            "channels_last": {None: False, 4: "channels_last", 5: "channels_last_3d"}[self.rank],
+            "ipex": self.ipex,
+            "compile": self.compile_mode,
+            "data_parallel": self.ddp is not None,
+            "fp32_heads": len(self.heads),
+            "stock": self.stock,
+            "notes": list(self.notes),
+            "training_calls": self.training_calls,
+            "computed_in": self.computed_in,
+            "autocast": self.autocast,
+            "fast_dropout": self.fast_dropout,
+            "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
+        }
+
+    def summary(self) -> str:
+        """One line: what this model ran with."""
+        if self.stock is not None:
+            return f"{self.name}: stock ({self.stock})"
+        parts = []
+        if self.computed_in:
+            source = f", {self.autocast} autocast" if self.autocast else ""
+            parts.append(f"computed in {self.computed_in}{source}")
+        if self.rank is not None:
+            parts.append("channels-last")
+        if self.ipex:
+            parts.append("IPEX")
+        if self.fast_dropout:
+            parts.append("fast dropout masks")
+        if self.bf16_measured:
+            parts.append("bf16 " + self.bf16_measured.split(" (")[0])
+        parts.extend(note for note in self.notes if note.endswith(" step"))
+        if self.ddp is not None:
+            parts.append("data-parallel")
+        calls = f"{self.training_calls} training call{'s' if self.training_calls != 1 else ''}"
+        return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
+
+
+def trial_for(model: nn.Module) -> Trial:
+    """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
+    depends on the CPU as much as on the model (small convolutions on small images can run slower
+    in bf16 than in fp32 on a CPU with AMX, and faster on one without). Recurrent models
+    (oneDNN's bf16 RNN kernels are not faster than fp32 everywhere) are never decided early."""
+    recurrent = any(isinstance(sub, nn.RNNBase) for sub in model.modules())
+    return Trial(early=None if recurrent else Trial.early)
+
+
+@dataclasses.dataclass
+class Trial:
+    """Measure-and-decide, bf16 against fp32, on the first steps of the real run: after
+    ``warmup`` optimizer steps in bf16, the steps alternate between fp32 and bf16 (the first
+    fp32 step, which sets fp32's kernels up, is not counted) until each mode has ``rounds``
+    timings (the time from one step's end to the next one's: one whole iteration); bf16 stays
+    only if its fastest step is not slower than fp32's fastest (``margin``: by more than that
+    share). The fastest, not the median: whatever else the script does between steps (logging,
+    a checkpoint, a slow batch) lands on some steps and not others, and only lengthens them.
+    Where the answer is clear-cut, it comes sooner: after ``early`` timings of each mode, bf16
+    below ``clear`` times fp32 keeps bf16 (or above 1 / ``clear`` turns it off)."""
+
+    warmup: int = 2
+    rounds: int = 4
+    margin: float = 0.0
+    early: int | None = 2
+    clear: float = 0.8
+    bf16: bool = True  # the mode of the iteration running now
+    steps: int = 0
+    last: float | None = None
+    times: dict[bool, list[float]] = dataclasses.field(default_factory=lambda: {True: [], False: []})
+    _fp32_seen: bool = False
+
+    def on_step(self, plan: Plan, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        if self.last is not None and self.steps > self.warmup:
+            if self.bf16 or self._fp32_seen:
+                self.times[self.bf16].append(now - self.last)
+            self._fp32_seen = self._fp32_seen or not self.bf16
+        self.last = now
+        self.steps += 1
+        counted = min(len(v) for v in self.times.values())
+        if counted >= self.rounds or (self.early is not None and counted >= self.early and self._clear()):
+            self._decide(plan)
+        elif self.steps > self.warmup:
+            # fp32 first, twice (the uncounted set-up step, then a counted one), then alternating
+            self.bf16 = False if not self.times[False] else not self.bf16
+
+    def _fastest(self) -> tuple[float, float]:
+        return min(self.times[True]), min(self.times[False])
+
+    def _clear(self) -> bool:
+        bf16, fp32 = self._fastest()
+        return bf16 < fp32 * self.clear or bf16 * self.clear > fp32
+
+    def _decide(self, plan: Plan) -> None:
+        bf16, fp32 = self._fastest()
+        plan.trial = None
+        counts = sorted({len(v) for v in self.times.values()})
+        verdict = (
+            f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step "
+            f"(fastest of {'/'.join(map(str, counts))} steps)"
+        )
+        if bf16 > fp32 * (1 + self.margin):
+            plan.amp_dtype = None
+            plan.reprobe = True  # the next training call is probed: it computes in fp32 now
+            plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
+            plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
+        else:
+            plan.bf16_measured = f"kept: measured {verdict}"
+            plan.notes.append(f"bf16 autocast kept: measured {verdict}")
+        logger.info("%s: %s", plan.name, plan.notes[-1])
