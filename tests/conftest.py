@@ -33,7 +33,7 @@ def pytest_configure(config):
 
 def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str, str]:
     """The environment for a child interpreter: no NANOPATCH_* leaking in from outside, the
-    tests folder (for demo_targets) on PYTHONPATH, and nanopatch importable even when it is
+    tests folder (for helpers and data) on PYTHONPATH, and nanopatch importable even when it is
     not installed (a plain checkout)."""
     from nanopatch.engine import config
 

@@ -1,7 +1,7 @@
 """The torch versions nanopatch is tested on, and which tests run on each.
 
 Read by ``python -m nanopatch --info``, which says when the installed torch is outside them.
-tox.ini pins the same pairs (tests/test_info.py checks that they agree).
+tox.ini pins the same pairs (tests/runner/test_info.py checks that they agree).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A Lightning script that knows nothing of nanopatch, for tests/test_frameworks.py: a LightningModule
+"""A Lightning script that knows nothing of nanopatch, for tests/training/test_frameworks.py: a LightningModule
 wrapping a small conv net, trained by ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` for one
 epoch. Run it as ``python -m nanopatch fw_lightning_ddp.py`` (Lightning starts the second process
 itself) or ``python -m nanopatch --nproc 2 fw_lightning_ddp.py`` (Lightning's DDP runs over the two

@@ -1,4 +1,4 @@
-"""Model and data classes for tests/test_frameworks.py and the test scripts beside this file
+"""Model and data classes for tests/training/test_frameworks.py and the test scripts beside this file
 that a fresh interpreter must be able to import (whole-model pickles are loaded there without
 nanopatch): plain torch, nothing else."""
 

@@ -1,4 +1,4 @@
-"""A deliberately broken fast path, for tests/test_verify.py: imported from a ``sitecustomize``
+"""A deliberately broken fast path, for tests/runner/test_verify.py: imported from a ``sitecustomize``
 that the test puts on ``PYTHONPATH``, it detaches the output of every ``Stem`` module (the
 first block of tests/data/verify_loop.py's model) while CPU autocast is on, as nanopatch's bf16
 forward turns it on. The parameters before the cut then get no gradient in the patched run

@@ -1,4 +1,4 @@
-"""A Hugging Face ``Trainer`` script for tests/test_verify.py: a 2-layer BERT built from a
+"""A Hugging Face ``Trainer`` script for tests/runner/test_verify.py: a 2-layer BERT built from a
 config (dropout 0.1) fine-tuned for sequence classification on random token sequences whose
 first token gives the label; more steps than ``--verify`` asks for. The output folder is the
 first argument."""

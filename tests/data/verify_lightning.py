@@ -1,4 +1,4 @@
-"""A Lightning script for tests/test_verify.py: automatic optimization (Lightning runs the forward
+"""A Lightning script for tests/runner/test_verify.py: automatic optimization (Lightning runs the forward
 and backward inside ``optimizer.step(closure)``), a small convolutional classifier with dropout,
 shuffled data, more steps than ``--verify`` asks for."""
 

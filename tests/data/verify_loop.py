@@ -1,4 +1,4 @@
-"""A plain training loop for tests/test_verify.py: an MLP with dropout on shuffled data with a
+"""A plain training loop for tests/runner/test_verify.py: an MLP with dropout on shuffled data with a
 random transform, several epochs, AdamW.
 
 It prints, per batch, the sample indices and a CRC of the (randomly transformed) inputs,
