@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,14 @@ def pytest_configure(config):
     """Under pytest-xdist (tox runs ``-n 2`` on two cores) each worker's own torch work runs on
     one thread: with torch's default of a thread per core in each worker, two workers' OpenMP
     threads spin against each other for the same cores and a training test runs several times
-    slower. Processes the tests start keep torch's default (or what the test sets)."""
+    slower. Processes the tests start keep torch's default (or what the test sets).
+
+    A suite started in the background (``pytest &``, ``nohup tox &``) ignores SIGINT, and every
+    process it starts would inherit that: a script the tests interrupt would never see its
+    KeyboardInterrupt. SIGINT is handled here as in a foreground run, which ``exec`` resets to
+    the default in the children, as a terminal gives it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 

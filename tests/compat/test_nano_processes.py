@@ -74,25 +74,18 @@ def test_an_unguarded_script_trains_data_parallel_and_runs_its_top_level_once(tm
 
 
 def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
-    """The script in a session of its own (so that a signal to its process group reaches only it),
-    with SIGINT as a terminal gives it. An ignored SIGINT is inherited (a suite started in the
-    background, ``pytest &``, ignores it), and Python then raises no KeyboardInterrupt; a handled
-    one is reset by ``exec``, so the script starts with Python's own handler."""
+    """The script in a session of its own (so that a signal to its process group reaches only it)."""
     out = tmp_path / "out"
     out.mkdir()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, SCRIPT, str(out), *args],
-            cwd=tmp_path,
-            env=child_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, str(out), *args],
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     return proc, out
 
 
