@@ -17,7 +17,7 @@ import pytest
 from nanopatch.foundation import cpu
 
 from conftest import REPO_ROOT, run_python
-from helpers.bench_reports import load_bench
+from helpers.bench_reports import suite_benches
 
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -36,10 +36,6 @@ NAMES = [
 ]
 UNPATCHED = ("stock", "ddp-stock", "hf-stock", "timm-autocast")
 STEPS = 2
-
-
-def load_run_module():
-    return load_bench("run", "nanopatch_bench_run_fw")
 
 
 def load_frameworks(monkeypatch):
@@ -157,10 +153,7 @@ def test_tiny_run_of_every_script_and_launch(tmp_path):
     assert timm["details"]["probe"]["layer"] == "conv1 (Conv2d)"
 
     # what bench/run.py makes of it: the group prefix goes, so the groups share columns
-    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
-    from suite.benches import BENCHES, rows_of
-
-    adapted = rows_of(BENCHES["frameworks"], report)
+    adapted = suite_benches.rows_of(suite_benches.BENCHES["frameworks"], report)
     assert [(r["group"], r["variant"], r["stock"]) for r in adapted] == [
         ("lightning", "stock", True),
         ("lightning", "nanopatch+bf16-mixed", False),

@@ -12,13 +12,9 @@ import pytest
 from nanopatch.foundation import cpu
 
 from conftest import REPO_ROOT, run_python
-from helpers.bench_reports import load_bench
+from helpers.bench_reports import suite_benches
 
 NAMES = ["stock", "patched, untuned", "patched, tuned", "patched, --nproc 2"]
-
-
-def load_run_module():
-    return load_bench("run", "nanopatch_bench_run_mi")
 
 
 def test_tiny_run_of_every_variant(tmp_path):
@@ -91,9 +87,6 @@ def test_tiny_run_of_every_variant(tmp_path):
     )
 
     # what bench/run.py makes of it
-    load_run_module()  # bench/ on sys.path: run.py and the registry it runs
-    from suite.benches import BENCHES, rows_of
-
-    adapted = rows_of(BENCHES["multi_instance"], report)
+    adapted = suite_benches.rows_of(suite_benches.BENCHES["multi_instance"], report)
     assert [(r["variant"], r["stock"]) for r in adapted] == [(n, n == "stock") for n in NAMES]
     assert all(r["rate"] > 0 and r["ratio_to_stock"] is not None for r in adapted)

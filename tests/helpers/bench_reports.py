@@ -16,9 +16,8 @@ if str(BENCH) not in sys.path:
 import harness as h  # noqa: E402
 
 
-def load_bench(name: str, module_name: str | None = None):
-    """bench/<name>.py loaded as a module (a fresh copy under ``module_name``, when given)."""
-    spec = importlib.util.spec_from_file_location(module_name or f"nanopatch_bench_{name}", BENCH / f"{name}.py")
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"nanopatch_bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
