@@ -52,6 +52,7 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_CPUS",
         "NANOPATCH_RUNTIME_TUNED",
         "NANOPATCH_REPORT",
+        "NANOPATCH_USAGE",
         "NANOPATCH_THREADS",
         "NANOPATCH_SHARED",
     }

@@ -31,6 +31,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
+
+from nanopatch.foundation import usage
 
 REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.runner.cli reads it
 
@@ -59,7 +62,11 @@ _EVALUATION_LINE = re.compile(
 PATTERNS = {
     "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*[:=]?\s*({_NUMBER})", re.I),
     # "acc@1: 71.2%", "acc1: 3.12", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
-    "accuracy": re.compile(rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)|/\s*(\d+))?", re.I),
+    # and "80.00% (64/80)": a percentage with the count it is of
+    "accuracy": re.compile(
+        rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)(?:\s*\(\s*\d+\s*/\s*(\d+)\s*\))?|/\s*(\d+))?",
+        re.I,
+    ),
 }
 #: a batch counter, "[0/8]": an evaluation's line with one before its last batch shows that
 #: batch's figures (torchvision's references print the first), not the whole set's
@@ -74,6 +81,7 @@ class Run:
     seconds: float = 0.0
     output: list[str] = dataclasses.field(default_factory=list)
     report: dict | None = None  # the patched run's account of what it accelerated
+    used: set[str] = dataclasses.field(default_factory=set)  # the parts its processes used (foundation.usage)
 
     def rate(self) -> tuple[float, str, str] | None:
         """The script's own speed meter: (value, as shown, kind) of the strongest kind in
@@ -110,7 +118,13 @@ class Run:
         if key == "rate":
             rate = self.rate()
             return None if rate is None else rate[:2]
-        found = None
+        found = self.readings(key, validation)
+        return (found[-1].value, found[-1].shown) if found else None
+
+    def readings(self, key: str, validation: bool = False) -> list[Reading]:
+        """Every value the script printed with this label (``"loss"`` or ``"accuracy"``), in
+        order, training's or (``validation``) an evaluation's; see :meth:`metric`."""
+        found = []
         for line in self.output:
             evaluation_line = bool(_EVALUATION_LINE.search(line))
             counter = _BATCH_COUNTER.search(line) if validation else None
@@ -123,14 +137,25 @@ class Run:
                 evaluation = scope in _EVALUATION_SCOPES or (evaluation_line and not scope)
                 if evaluation != validation:
                     continue
-                value, shown = float(match.group(2)), match.group(2)
+                value, shown, total = float(match.group(2)), match.group(2), None
                 if key == "accuracy" and match.group(3):
                     shown += "%"
-                elif key == "accuracy" and match.group(4):  # a count of a total
-                    value = 100.0 * value / max(int(match.group(4)), 1)
-                    shown += f"/{match.group(4)} ({value:.1f}%)"
-                found = (value, shown)
+                    total = int(match.group(4)) if match.group(4) else None
+                elif key == "accuracy" and match.group(5):  # a count of a total
+                    total = int(match.group(5))
+                    value = 100.0 * value / max(total, 1)
+                    shown += f"/{total} ({value:.1f}%)"
+                found.append(Reading(value, shown, total))
         return found
+
+
+class Reading(NamedTuple):
+    """One value a script printed: the number (an accuracy in percent), as printed, and the
+    number of samples it is of where the script said (``80.00% (64/80)``, ``9912/10000``)."""
+
+    value: float
+    shown: str
+    total: int | None = None
 
 
 def _compact(shown: str) -> str:
@@ -281,12 +306,34 @@ def write_report() -> None:
     training = sys.modules.get("nanopatch.targets.training.patch")
     if training is not None:
         account.update(models=training.describe(), summary=training.summary())
+    account.update(_patched_account())
     timing = sys.modules.get("nanopatch.targets.breakdown.patch")
     times = timing.describe() if timing is not None else None
     if times is not None:
         account["breakdown"] = times
     with open(path, "w") as f:
         json.dump(account, f, default=str)
+
+
+def _patched_account() -> dict:
+    """What a patched run chose, for the closing summary: each option's value and why
+    (``options``), whether torchvision's decoding and transforms were patched (``vision``; what
+    really ran through them, in every process, is :mod:`nanopatch.foundation.usage`'s), and the
+    CPU runtime variables the runner set (``runtime``). Empty in a run nothing patched
+    (``--compare``'s stock run)."""
+    from nanopatch.engine import _patching
+    from nanopatch.runtime import tuning
+
+    if not _patching.is_patched():
+        return {}
+    state = _patching.status()
+    account: dict = {"options": state["options"]}
+    vision = state["targets"].get("vision", {})
+    account["vision"] = {"state": vision.get("state", "unpatched"), "detail": vision.get("detail", "")}
+    account["runtime"] = {
+        name: os.environ[name] for name in sorted(tuning.tuned_names(os.environ)) if name in os.environ
+    }
+    return account
 
 
 def _times(run: Run) -> dict | None:
@@ -413,6 +460,9 @@ def compare(
         planned = [(stock, env), (patched, patched_env)] + ([(compiled, dict(patched_env))] if try_compile else [])
         for run, run_env in planned:
             report = run_env[REPORT_VARIABLE] = os.path.join(folder, f"{run.name}.json")
+            if run is not stock:
+                run_env[usage.VARIABLE] = os.path.join(folder, f"{run.name}-used")
+                os.mkdir(run_env[usage.VARIABLE])
             out.write(f"== {run.name}: {' '.join(run.command[1:])}\n")
             out.flush()
             execute(run, run_env, out)
@@ -421,6 +471,7 @@ def compare(
             with contextlib.suppress(OSError, ValueError):
                 with open(report) as f:
                     run.report = json.load(f)
+            run.used = usage.used(os.path.join(folder, f"{run.name}-used"))
     out.write("\n" + table(stock, patched) + "\n")
     more = [compiled] if try_compile else []
     times = breakdown_text(stock, patched, *more)
@@ -428,6 +479,9 @@ def compare(
         out.write("\n" + times + "\n")
     if plot:
         out.write(draw(plot, stock, patched, *more) + "\n")
+    from ._summary import summary
+
+    out.write(summary(stock, patched, target) + "\n")
     out.flush()
     code = next((r.exit_code for r in (stock, patched, *more) if r.exit_code), 0)
     return code if code > 0 else (1 if code else 0)  # a run killed by a signal: 1

@@ -24,6 +24,7 @@ import torch
 import torchvision.transforms.functional as F
 
 from nanopatch.engine import _patching, config
+from nanopatch.foundation import usage
 
 from . import decode as _decode
 from . import functional as fn
@@ -75,6 +76,7 @@ class Fast:
             or (px.domain == "array" and not self._takes_array(args[0]))
         ):
             return self._stock_call(*args, **kwargs)
+        usage.record("transforms")
         return finish(self._nanopatch_run(px))
 
     def _stock_call(self, *args, **kwargs):

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from nanopatch.foundation import usage
 from nanopatch.foundation._log import log_once, warnings_from
 
 from . import _opencv
@@ -69,6 +70,8 @@ DECODER_VARIABLE = "NANOPATCH_DECODER"
 #: Environment variable with the path of the libturbojpeg to load (default: the system's).
 TURBOJPEG_LIB_VARIABLE = "NANOPATCH_TURBOJPEG_LIB"
 _BACKENDS = ("auto", "turbojpeg", "opencv", "pil")
+#: what a decode by each fast backend marks (:mod:`nanopatch.foundation.usage`)
+_USED = {"turbojpeg": "decode-turbojpeg", "opencv": "decode-opencv"}
 #: Environment variable: ``0`` turns the crop-aware (region) JPEG decode off (default: on where exact).
 CROP_DECODE_VARIABLE = "NANOPATCH_CROP_DECODE"
 
@@ -684,6 +687,8 @@ def decode_fast(
             array = array[top : top + height, left : left + width]
     if array is not None and mode == "L" and not gray:
         array = rgb_to_l(array)
+    if array is not None:
+        usage.record(_USED.get(backend.name, "decode"))
     return array
 
 
