@@ -184,15 +184,41 @@ def export_environment(cfg: config.Config, log_level: str | None) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    may_reexec = argv is None  # a real command line, which can be executed again
-    argv = sys.argv[1:] if argv is None else argv
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[list[str], argparse.Namespace, str | None, str | None, list[str]]:
+    """Read a command line as the runner does, running nothing: (runner options as given, the
+    parsed options, kind, target, script args). A usage error (an unknown option, a bad value,
+    options that do not go together) exits with status 2 and argparse's message, as ``main``
+    would. Whether the script exists, and the values ``NANOPATCH_*`` variables give, are checked
+    by ``main`` when it runs."""
     try:
         own, kind, target, script_args = split_argv(parser, argv)
     except _UsageError as exc:
         parser.error(str(exc))
     opts = parser.parse_args(own)
+    if opts.info:
+        return own, opts, kind, target, script_args
+    if opts.init:
+        if target is not None or launch.wants_launch(opts) or not opts.tune:
+            parser.error("--init takes no script, no --nproc/--cpus and no --no-tune: it prints one process's tuning")
+        return own, opts, kind, target, script_args
+    if opts.json:
+        parser.error("--json goes with --info")
+    if opts.plot and not opts.compare:
+        parser.error("--plot goes with --compare")
+    if opts.try_compile and (not opts.compare or opts.compile):
+        parser.error("--try-compile goes with --compare, and without --compile (it tries both)")
+    if target is not None and opts.verify is not None and (opts.compare or launch.wants_launch(opts)):
+        parser.error("--verify runs the script in one process at a time: it goes with neither --compare nor --nproc")
+    return own, opts, kind, target, script_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    may_reexec = argv is None  # a real command line, which can be executed again
+    argv = sys.argv[1:] if argv is None else argv
+    own, opts, kind, target, script_args = parse(parser, argv)
     log_level = os.environ.get(LOG_LEVEL_VARIABLE)
     if opts.verbose:
         log_level = "DEBUG" if opts.verbose > 1 else "INFO"
@@ -216,19 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
         return 0
     if opts.init:
-        if target is not None or launch.wants_launch(opts) or not opts.tune:
-            parser.error("--init takes no script, no --nproc/--cpus and no --no-tune: it prints one process's tuning")
         try:
             print(runtime.shell_exports(launch.current_plan(opts)))
         except ValueError as exc:
             parser.error(str(exc))
         return 0
-    if opts.json:
-        parser.error("--json goes with --info")
-    if opts.plot and not opts.compare:
-        parser.error("--plot goes with --compare")
-    if opts.try_compile and (not opts.compare or opts.compile):
-        parser.error("--try-compile goes with --compare, and without --compile (it tries both)")
     if target is None:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
@@ -246,10 +264,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:  # a bad NANOPATCH_* value
             parser.error(str(exc))
     if opts.verify is not None:
-        if opts.compare or launch.wants_launch(opts):
-            parser.error(
-                "--verify runs the script in one process at a time: it goes with neither --compare nor --nproc"
-            )
         from .verify import verify
 
         return verify(own, target_argv, opts.verify, cuda_to_cpu=cuda_to_cpu)

@@ -1,5 +1,5 @@
-"""The public surface is where the README says it is: every ``nanopatch...`` name and every
-``from nanopatch... import ...`` the README gives imports from that very path, and the public
+"""The public surface is where the README and docs/ say it is: every ``nanopatch...`` name and
+every ``from nanopatch... import ...`` they give imports from that very path, and the public
 modules are the package's own modules under a second name, not copies."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import nanopatch
 
 from conftest import REPO_ROOT
 
-README = (REPO_ROOT / "README.md").read_text()
+#: the README and every page of docs/: what users read
+README = "\n".join(path.read_text() for path in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))])
 
 #: the public modules that stand for a module of a layer (docs/architecture.md)
 PUBLIC_MODULES = {
@@ -43,7 +44,7 @@ PACKAGE_NAMES = {
 
 
 def readme_names() -> set[str]:
-    """Every dotted ``nanopatch.X`` the README names, and ``M.N`` for each ``from M import N``."""
+    """Every dotted ``nanopatch.X`` the README and docs/ name, and ``M.N`` for each ``from M import N``."""
     names = set(re.findall(r"(?<![\w.\[])nanopatch(?:\.\w+)+", README))
     for module, imported in re.findall(r"from (nanopatch[\w.]*) import ([\w, ]+)", README):
         names.update(f"{module}.{name.strip()}" for name in imported.split(",") if name.strip())
