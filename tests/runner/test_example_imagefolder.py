@@ -27,11 +27,12 @@ TINY = ["--num-images", "24", "--image-size", "64", "--epochs", "1", "--batch-si
 NUMBER = r"\d+(?:\.\d+)?"
 EPOCH = re.compile(
     rf"^epoch 1/1: train loss (?P<train_loss>{NUMBER}), train accuracy {NUMBER}%, "
-    rf"val loss {NUMBER}, val accuracy {NUMBER}%, {NUMBER} images/s$",
+    rf"val loss {NUMBER}, val accuracy {NUMBER}% \(\d+/\d+\), {NUMBER} images/s$",
     re.M,
 )
 FINAL = re.compile(
-    rf"^final: train loss (?P<train_loss>{NUMBER}), val accuracy (?P<val_accuracy>{NUMBER})%, "
+    rf"^final: train loss (?P<train_loss>{NUMBER}), val accuracy (?P<val_accuracy>{NUMBER})% "
+    rf"\((?P<val_correct>\d+)/(?P<val_seen>\d+)\), "
     rf"(?P<images_per_second>{NUMBER}) images/s, (?P<seconds>{NUMBER}) s$"
 )
 DATA = re.compile(r"^data: (?P<path>.+) \((?P<how>generated|reused|given)\b", re.M)
@@ -53,6 +54,7 @@ def summary(proc) -> dict[str, float]:
     values = {name: float(value) for name, value in match.groupdict().items()}
     assert values["images_per_second"] > 0 and values["seconds"] > 0
     assert 0 <= values["val_accuracy"] <= 100
+    assert values["val_accuracy"] == round(100 * values["val_correct"] / values["val_seen"], 2)
     return values
 
 
@@ -161,6 +163,21 @@ def test_compare_shows_the_patched_run_accelerated_and_learning_as_stock(first_r
     stock_acc, patched_acc = (float(v.rstrip("%")) for v in rows["validation accuracy"][:2])
     assert abs(patched_acc - stock_acc) <= 20.0, rows["validation accuracy"]
     assert "worker" not in proc.stderr, proc.stderr  # no DataLoader warning caused by the runner's pinning
+
+    # the closing lines, what a newcomer reads: the verdicts, and what ran on this CPU and why
+    closing = proc.stdout[proc.stdout.index("\nIn short: ") :]
+    assert closing.splitlines()[1].startswith("In short: ") and "examples/train_imagefolder.py" in closing
+    assert re.search(r"^  speed +(\d+\.\d\dx as fast as stock|about as fast as stock|slower than stock)", closing, re.M)
+    assert re.search(r"^  accuracy +(the same|different): validation accuracy [\d.]+% against stock's", closing, re.M)
+    assert "that 5 samples leave" in closing  # the count the example prints its accuracy of
+    accelerated = closing[closing.index("  accelerated:") : closing.index("  not accelerated:")]
+    assert "- ResNet: computed in " in accelerated and "channels-last" in accelerated, closing
+    assert "- images: JPEG decoding by " in accelerated and "torchvision's transforms" in accelerated, closing
+    not_accelerated = closing[closing.index("  not accelerated:") : closing.index("  next:")]
+    if not cpu.host_facts().native_bf16:
+        assert "bf16 autocast: this CPU has no native bf16" in not_accelerated, closing
+    assert "torch.compile: off by default" in not_accelerated, closing
+    assert "--verify " in closing and "--compare --plot breakdown.png " in closing
 
 
 def test_data_option_trains_on_a_given_folder(first_run, tmp_path):
