@@ -38,9 +38,13 @@ def summary(stock: Any, patched: Any, target: Sequence[str], facts: Any = None) 
     for part in accelerated_parts(report, patched.used) or ["nothing (see the lines above)"]:
         lines += _wrapped("    - ", part)
     lines.append("  not accelerated:")
-    for part in not_accelerated_parts(report, facts, patched.used) or [
-        "nothing left stock that nanopatch could speed up"
-    ]:
+    tcmalloc = None
+    if report.get("runtime"):
+        from nanopatch.runtime import tuning
+
+        tcmalloc = tuning.find_allocator("tcmalloc") is not None
+    not_done = not_accelerated_parts(report, facts, patched.used, tcmalloc)
+    for part in not_done or ["nothing left stock that nanopatch could speed up"]:
         lines += _wrapped("    - ", part)
     lines.append("  next:")
     lines.append(f"    {command} --verify {script}")
@@ -220,7 +224,11 @@ def accelerated_parts(report: dict, used: set[str] = frozenset()) -> list[str]:
             what.append("tcmalloc")
         elif "jemalloc" in preload:
             what.append("jemalloc")
+        elif report.get("malloc_reuse"):
+            what.append("glibc's malloc keeping freed memory for reuse")
         parts.append(f"the CPU runtime: {', '.join(what) or 'tuned'}")
+    elif report.get("malloc_reuse"):
+        parts.append("memory: glibc's malloc keeping freed memory for reuse")
     return parts
 
 
@@ -228,8 +236,11 @@ def _dtype(name: str) -> str:
     return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(str(name).replace("torch.", ""), str(name))
 
 
-def not_accelerated_parts(report: dict, facts: Any, used: set[str] = frozenset()) -> list[str]:
-    """What the patched run left stock, and why."""
+def not_accelerated_parts(
+    report: dict, facts: Any, used: set[str] = frozenset(), tcmalloc: bool | None = None
+) -> list[str]:
+    """What the patched run left stock, and why. ``tcmalloc``: whether this machine has the
+    library the runner preloads (None: not asked)."""
     parts = []
     options = report.get("options") or {}
     models = [m for m in report.get("models", []) if m.get("model")]
@@ -258,6 +269,11 @@ def not_accelerated_parts(report: dict, facts: Any, used: set[str] = frozenset()
     compile_ = options.get("compile") or {}
     if compile_ and not compile_.get("value") and not any(m.get("compile") for m in models):
         parts.append("torch.compile: off by default (--compare --try-compile measures whether it pays here)")
+    runtime = report.get("runtime") or {}
+    if runtime and "LD_PRELOAD" not in runtime and tcmalloc is False:
+        parts.append(
+            "tcmalloc: not installed, so the runner preloaded no allocator (apt-get install libtcmalloc-minimal4)"
+        )
     vision = report.get("vision") or {}
     if vision.get("state") in ("disabled", "failed", "unsupported"):
         parts.append(f"torchvision: {vision.get('detail') or vision['state']}")

@@ -333,6 +333,9 @@ def _patched_account() -> dict:
     account["runtime"] = {
         name: os.environ[name] for name in sorted(tuning.tuned_names(os.environ)) if name in os.environ
     }
+    training = sys.modules.get("nanopatch.targets.training.patch")
+    if training is not None and training.malloc_reuse():
+        account["malloc_reuse"] = training.malloc_reuse()
     return account
 
 

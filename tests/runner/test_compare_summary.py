@@ -259,3 +259,20 @@ def test_usage_marks_reach_the_parent_from_any_process(tmp_path, monkeypatch, me
     assert usage.used(str(tmp_path)) == {"transforms"}
     assert usage.used(str(tmp_path / "missing")) == set()
     assert not os.environ.get(usage.VARIABLE)
+
+
+def test_the_allocator_is_named_and_a_missing_tcmalloc_says_how_to_get_it():
+    runtime = {"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY": "0 1"}
+    report = {"runtime": runtime, "malloc_reuse": "glibc malloc keeps freed memory for reuse (M_MMAP_MAX=0, ...)"}
+    assert _summary.accelerated_parts(report) == [
+        "the CPU runtime: 2 OpenMP threads pinned one per core, glibc's malloc keeping freed memory for reuse"
+    ]
+    hint = "tcmalloc: not installed, so the runner preloaded no allocator (apt-get install libtcmalloc-minimal4)"
+    assert hint in _summary.not_accelerated_parts(report, AVX2, tcmalloc=False)
+    assert hint not in _summary.not_accelerated_parts(report, AVX2, tcmalloc=True)
+    preloaded = {"runtime": dict(runtime, LD_PRELOAD="/usr/lib/libtcmalloc_minimal.so.4")}
+    assert hint not in _summary.not_accelerated_parts(preloaded, AVX2, tcmalloc=False)
+    # patch_torch() in the script itself: no runtime tuning, glibc's malloc told to keep memory
+    assert _summary.accelerated_parts({"malloc_reuse": "..."}) == [
+        "memory: glibc's malloc keeping freed memory for reuse"
+    ]

@@ -84,12 +84,14 @@ def _keep_freed_memory() -> None:
     done, what = _malloc.keep_freed_memory()
     if done:
         _patching.on_undo(TARGET, _malloc.restore_defaults, what)
+        state["malloc"] = what
     log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
 
 
 def unpatch() -> None:
     with lock:
         state["config"] = None
+        state["malloc"] = None
         for model, plan in list(plans.items()):
             if plan.installed:
                 discovery.uninstall(model, plan)
@@ -125,6 +127,12 @@ def self_checks() -> list[dict[str, Any]]:
     """The self-check probes run in this process (:mod:`.selfcheck`): which fast path, whether
     it agreed with stock, and why not."""
     return selfcheck.results()
+
+
+def malloc_reuse() -> str | None:
+    """What glibc's malloc was told to keep freed memory for reuse, while patched (None: left
+    alone: another allocator, the user's own tuning, or the option off)."""
+    return state["malloc"]
 
 
 def summary() -> list[str]:

@@ -43,8 +43,9 @@ def data_parallel() -> Any:
     return _engines.get("data_parallel")
 
 
-#: the active nanopatch Config while patched, else None
-state: dict[str, Any] = {"config": None}
+#: the active nanopatch Config while patched, else None; what glibc's malloc was told while
+#: patched (``malloc``: None where it was left alone)
+state: dict[str, Any] = {"config": None, "malloc": None}
 
 #: model -> Plan, for every model nanopatch found while patched (IPEX ones also after)
 plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
