@@ -31,6 +31,7 @@ optimizers (a GAN: their steps are recorded in the order they run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import weakref
@@ -410,6 +411,10 @@ class Recorder:
             finally:
                 self._post(optimizer)
 
+        # the wrapped step's marks go with it: an LR scheduler makes the instance step its own
+        # wrapper, marked ``_wrapped_by_lr_sched``, and warns that "optimizer.step() has been
+        # overridden after learning rate scheduler initialization" where the mark is gone
+        functools.update_wrapper(step, own, assigned=("__doc__",), updated=("__dict__",))
         return step
 
     def _global_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:

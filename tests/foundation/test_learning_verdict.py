@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -107,6 +108,27 @@ def test_the_recorder_records_a_plain_loop_and_labels_a_second_optimizer_of_a_cl
     assert recorder.steps[1].grads == {"weight", "bias"} and recorder.steps[1].optimizer == "Adam#2"
     assert set(recorder.named_parameters()) == {"weight", "bias", "[Adam#2] weight", "[Adam#2] bias"}
     assert all(s.updated == s.grads for s in recorder.steps)
+
+
+def test_the_recorder_leaves_an_lr_scheduler_s_step_mark_in_place():
+    """An LR scheduler makes the optimizer's ``step`` an instance wrapper of its own, which the
+    recorder wraps in turn: the scheduler must still find its mark there, or every
+    ``scheduler.step()`` warns that the optimizer's step was overridden (as ``--verify`` did on
+    the demo script), and each step is still recorded once."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Recorder() as recorder:
+            for _ in range(3):
+                optimizer.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                optimizer.step()
+                scheduler.step()
+    assert len(recorder.steps) == 3
+    assert optimizer.param_groups[0]["lr"] == 0.0
 
 
 def test_an_update_is_a_move_larger_than_fp32_rounding():
