@@ -21,6 +21,7 @@ breakdown as a stacked bar chart. The exit code is the first failing run's, else
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import json
@@ -37,7 +38,13 @@ from nanopatch.foundation import usage
 
 REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.runner.cli reads it
 
-_NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
+# Every pattern here runs on every line a script prints, so none may take more than linear time
+# on any line (a line of 16,000 digits, or a label followed by 16,000 spaces, took 28 s with
+# overlapping alternatives): a number starts only where no digit or point is before it, and its
+# parts cannot match the same characters two ways; a separator is ``\s*(?:[:=]\s*)?``, not
+# ``\s*[:=]?\s*``; a count is at most 12 digits, so ``int()`` never meets Python's 4,300-digit limit.
+_NUMBER = r"(?<![\d.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_COUNT = r"(?<!\d)\d{1,12}(?!\d)"
 _PER_SECOND = r"(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b"
 #: the ways scripts print their speed, strongest first: a run's rate is read from the values of
 #: the strongest kind found anywhere in its output (a training meter over a progress bar's it/s)
@@ -60,17 +67,18 @@ _EVALUATION_LINE = re.compile(
     r"^\W*(?:Test|Testing|Val|Valid|Validation|Validating|Eval|Evaluation|Evaluating|Predicting)\b", re.I
 )
 PATTERNS = {
-    "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*[:=]?\s*({_NUMBER})", re.I),
+    "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*(?:[:=]\s*)?({_NUMBER})", re.I),
     # "acc@1: 71.2%", "acc1: 3.12", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
     # and "80.00% (64/80)": a percentage with the count it is of
     "accuracy": re.compile(
-        rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*[:=]?\s*({_NUMBER})\s*(?:(%)(?:\s*\(\s*\d+\s*/\s*(\d+)\s*\))?|/\s*(\d+))?",
+        rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*(?:[:=]\s*)?({_NUMBER})"
+        rf"\s*(?:(%)(?:\s*\(\s*{_COUNT}\s*/\s*({_COUNT})\s*\))?|/\s*({_COUNT}))?",
         re.I,
     ),
 }
 #: a batch counter, "[0/8]": an evaluation's line with one before its last batch shows that
 #: batch's figures (torchvision's references print the first), not the whole set's
-_BATCH_COUNTER = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+_BATCH_COUNTER = re.compile(rf"\[\s*({_COUNT})\s*/\s*({_COUNT})\s*\]")
 
 
 @dataclasses.dataclass
@@ -207,20 +215,74 @@ def stock_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def execute(run: Run, env: dict[str, str], out=None) -> Run:
-    """Run it, echoing its output (stdout and stderr, merged) line by line with its name."""
+    """Run it, echoing its output (stdout and stderr, merged) as it comes, each line prefixed
+    with its name. Output is echoed as soon as it is read, not a line at a time: a progress bar
+    that redraws itself with ``\r`` and no newline shows as it moves (each redraw prefixed
+    again), and the lines are kept for reading once the run ends."""
     out = sys.stdout if out is None else out
     start = time.perf_counter()
-    with subprocess.Popen(
-        run.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1
-    ) as proc:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    echo = _Echo(f"[{run.name}] ", out)
+    pending = ""
+    with subprocess.Popen(run.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            run.output.append(line.rstrip("\n"))
-            out.write(f"[{run.name}] {line}" if line.endswith("\n") else f"[{run.name}] {line}\n")
-            out.flush()
+        fd = proc.stdout.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            text = decoder.decode(chunk, final=not chunk)
+            echo.write(text)
+            pending += text
+            *lines, pending = _LINE_END.split(pending)
+            run.output.extend(lines)
+            if not chunk:
+                break
         run.exit_code = proc.wait()
+    if pending:
+        run.output.extend(pending.rstrip("\r").split("\r") if pending.strip("\r") else [])
+    echo.close()
     run.seconds = time.perf_counter() - start
     return run
+
+
+#: a line's end in a child's output, as Python's universal newlines read it: ``\n``, ``\r\n``, or
+#: a lone ``\r`` (a progress bar's redraw); a ``\r`` last in what was read so far waits for what
+#: follows it, which may be its ``\n``
+_LINE_END = re.compile(r"\r\n|\n|\r(?!\Z)")
+#: where the echo starts a new prefixed line: after a newline, or a redraw's carriage return
+_ECHO_BREAK = re.compile(r"(\r\n|\n|\r)")
+
+
+class _Echo:
+    """Writes a child's output with a prefix at the start of each line (and after each ``\r``
+    a progress bar redraws with), flushing at once."""
+
+    def __init__(self, prefix: str, out) -> None:
+        self.prefix, self.out, self.at_start = prefix, out, True
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        parts = []
+        for piece in _ECHO_BREAK.split(text):
+            if not piece:
+                continue
+            if piece in ("\r\n", "\n", "\r"):
+                parts.append("\n" if piece == "\r\n" else piece)
+                self.at_start = True
+            else:
+                if self.at_start:
+                    parts.append(self.prefix)
+                    self.at_start = False
+                parts.append(piece)
+        self.out.write("".join(parts))
+        self.out.flush()
+
+    def close(self) -> None:
+        """A last line without its newline gets one, so that what follows starts a line."""
+        if not self.at_start:
+            self.out.write("\n")
+            self.out.flush()
+            self.at_start = True
 
 
 def _show(value: tuple[float, str] | None) -> str:
