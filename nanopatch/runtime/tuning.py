@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -379,22 +380,31 @@ def shell_exports(p: Plan) -> str:
     user set are shown as comments and left alone. Nothing marks the variables as nanopatch's:
     in the shell they are the user's own, which a later ``python -m nanopatch`` keeps."""
     lines = [
-        f"# nanopatch: CPU runtime for {p.threads} thread(s), OpenMP {p.openmp}, allocator {p.allocator or 'default'}"
+        _comment(
+            f"nanopatch: CPU runtime for {p.threads} thread(s), OpenMP {p.openmp}, allocator {p.allocator or 'default'}"
+        )
     ]
     changes = p.changes()
     for s in p.settings:
         if s.name in changes:
-            lines.append(f"export {s.name}={shlex.quote(changes[s.name])}  # {s.reason}")
+            lines.append(f"export {s.name}={shlex.quote(changes[s.name])}  {_comment(s.reason)}")
         elif s.kept is not None:
-            lines.append(f"# {s.name}={shlex.quote(s.kept)}: {s.reason}")
+            lines.append(_comment(f"{s.name}={shlex.quote(s.kept)}: {s.reason}"))
         else:
-            lines.append(f"# {s.name} not set: {s.reason}")
+            lines.append(_comment(f"{s.name} not set: {s.reason}"))
     if any(name in changes for name in PIN_VARIABLES):
         lines.append(
             "# every OpenMP program started from this shell now pins its threads to these cores: run several "
             "at once with --no-pin-threads, or with python -m nanopatch --nproc"
         )
     return "\n".join(lines)
+
+
+def _comment(text: str) -> str:
+    """``text`` as one shell comment line: a control character in it (a newline in a value the
+    user set, which would end the comment and run what follows under ``eval``) is written as an
+    escape (``\\x0a``), never as itself."""
+    return "# " + re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 # --- applying a plan --------------------------------------------------------------------

@@ -427,3 +427,35 @@ def test_shell_exports_quote_values_and_show_what_is_kept(tmp_path):
     assert out.stdout == "/opt/my lib.so:/usr/lib/libtcmalloc_minimal.so.4|0,1"
     unpinned = runtime.shell_exports(runtime.plan(facts(tmp_path), {}, "gnu", finder=no_allocator, pin=False))
     assert "export GOMP_CPU_AFFINITY" not in unpinned and "pins its threads" not in unpinned
+
+
+# --- --init's shell lines ---------------------------------------------------------------------
+
+#: values a user may have set, each of which ends a comment line and runs a command if printed as it is
+HOSTILE = {
+    "OMP_NUM_THREADS": "8\necho INJECTED-1 #",
+    "GOMP_CPU_AFFINITY": "0\r\necho INJECTED-2 #",
+    "KMP_AFFINITY": "compact\x0becho INJECTED-3",
+}
+
+
+def test_init_lines_run_nothing_of_a_value_the_user_set_under_eval():
+    """``eval "$(python -m nanopatch --init)"``: a kept value with a newline in it was printed
+    inside a ``# NAME='...'`` comment, whose second line then ran as a command."""
+    kept = [runtime.Setting(name, None, "set by you: kept", kept=value) for name, value in HOSTILE.items()]
+    plan = runtime.Plan(
+        settings=(*kept, runtime.Setting("LD_PRELOAD", "/lib/a.so:/lib/b\nc.so", "tcmalloc appended\nto LD_PRELOAD")),
+        threads=2,
+        cpus=(),
+        openmp="gnu",
+        allocator="/lib/b\nc.so",
+    )
+    text = runtime.shell_exports(plan)
+    assert all(line.startswith(("# ", "export ")) for line in text.split("\n") if not line.startswith("c.so'"))
+    assert "# OMP_NUM_THREADS='8\\x0aecho INJECTED-1 #': set by you: kept" in text
+    proc = subprocess.run(
+        ["sh", "-c", 'eval "$1"; printf "%s|" "$LD_PRELOAD"', "sh", text], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "INJECTED" not in proc.stdout + proc.stderr
+    assert proc.stdout == "/lib/a.so:/lib/b\nc.so|"  # the value nanopatch sets arrives whole, newline and all
