@@ -364,6 +364,14 @@ def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:
     distributed.start()
     try:
         code = _run_target(kind, target, script_args)
+    except SystemExit as exc:
+        # ``sys.exit(main())``, the commonest last line of a script: a success tears the group
+        # down as a return does (left to the interpreter's shutdown, gloo's threads can abort the
+        # process: "terminate called without an active exception", SIGABRT); a failure is the
+        # launcher's to report, with this exit code
+        if exc.code is None or exc.code == 0:
+            distributed.finish()
+        raise
     except Exception as exc:
         launch.record_failure(exc, skip_file=__file__)
         return 1

@@ -19,6 +19,7 @@ parser.add_argument("--lr-factors", default="", help="reference runs: the lr mul
 parser.add_argument("--own-ddp", action="store_true", help="do distributed training itself")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--sys-exit", action="store_true", help="end with sys.exit(0), as sys.exit(main()) does")
 args = parser.parse_args()
 
 rank = os.environ.get("RANK", "single")
@@ -107,3 +108,17 @@ torch.save(
     },
     os.path.join(args.out, f"{rank}.pt"),
 )
+if args.sys_exit:
+    import atexit
+    import sys
+
+    import torch.distributed as dist
+
+    def _group_at_exit() -> None:
+        # what the interpreter's shutdown finds: a group still up is torn down by it, in whatever
+        # order, where gloo's threads can abort the process
+        with open(os.path.join(args.out, f"{rank}.exit"), "w") as f:
+            f.write("up" if dist.is_initialized() else "down")
+
+    atexit.register(_group_at_exit)
+    sys.exit(0)

@@ -294,6 +294,17 @@ def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     assert exits.returncode == 3 and "rank 0 of 2 failed with exit code 3" in exits.stderr
 
 
+@needs_two
+def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
+    """``sys.exit(main())`` ends most scripts: the rank's process group is torn down as after a
+    script that returns, not left to the interpreter's shutdown (where gloo can abort the
+    process with SIGABRT after its last epoch)."""
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-bf16"], ["--sys-exit"])
+    ok(proc)
+    assert {(out / f"{rank}.exit").read_text() for rank in (0, 1)} == {"down"}
+    assert "final loss" in proc.stdout and "Signal" not in proc.stderr
+
+
 def test_bad_launcher_arguments(tmp_path):
     for args, message in (
         (["--nproc", "0"], "give a number of processes (at least 1) or 'auto'"),
