@@ -53,6 +53,7 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_RUNTIME_TUNED",
         "NANOPATCH_REPORT",
         "NANOPATCH_USAGE",
+        "NANOPATCH_PREFIX",
         "NANOPATCH_THREADS",
         "NANOPATCH_SHARED",
     }

@@ -23,7 +23,7 @@ from nanopatch.foundation._log import configure_stderr
 from nanopatch.runtime import launch
 from nanopatch.runtime import tuning as runtime
 
-from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE
+from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE, PREFIX_VARIABLE
 from ._scripts import NoModule, run_module, run_script
 from .verify import DEFAULT_STEPS
 
@@ -177,6 +177,7 @@ def split_argv(
 def export_environment(cfg: config.Config, log_level: str | None) -> None:
     """Make Python child processes start patched with the same explicit options."""
     os.environ.update(cfg.explicit_environ())
+    os.environ[PREFIX_VARIABLE] = sys.prefix  # the bootstrap leaves Pythons of other environments alone
     if log_level:
         os.environ[LOG_LEVEL_VARIABLE] = log_level
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -516,10 +516,10 @@ def compare(
     patched = Run("nanopatch", [sys.executable, "-m", "nanopatch", *runner_options, *target])
     compiled = Run("compiled", [sys.executable, "-m", "nanopatch", "--compile", *runner_options, *target])
     env = stock_environ()
-    with_package = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
-    if cuda_to_cpu or timed:  # so that -m nanopatch._stock finds this nanopatch
-        env["PYTHONPATH"] = with_package
     with tempfile.TemporaryDirectory(prefix="nanopatch-compare-") as folder:
+        with_package = os.pathsep.join(p for p in (package_path(folder), env.get("PYTHONPATH")) if p)
+        if cuda_to_cpu or timed:  # so that -m nanopatch._stock finds this nanopatch
+            env["PYTHONPATH"] = with_package
         runs = []
         patched_env = dict(env, PYTHONPATH=with_package)
         planned = [(stock, env), (patched, patched_env)] + ([(compiled, dict(patched_env))] if try_compile else [])
@@ -552,8 +552,22 @@ def compare(
     return code if code > 0 else (1 if code else 0)  # a run killed by a signal: 1
 
 
-def _package_parent() -> str:
-    """So that ``-m nanopatch`` finds this nanopatch even when it runs from a checkout."""
+def package_path(folder: str) -> str:
+    """A ``PYTHONPATH`` entry through which ``-m nanopatch`` finds this nanopatch in the runs
+    (when it runs from a checkout, say), and nothing else: a folder made in ``folder`` holding
+    only a link to the package. The package's own parent folder would do it too, but for an
+    installed copy that is a whole site-packages, which would come before the user's own
+    ``PYTHONPATH`` in both runs and every process they start (another Python's included). Where
+    links cannot be made, the parent folder after all."""
     import nanopatch
 
-    return os.path.dirname(os.path.dirname(os.path.abspath(nanopatch.__file__)))
+    package = os.path.dirname(os.path.abspath(nanopatch.__file__))
+    entry = os.path.join(folder, "nanopatch-path")
+    try:
+        os.makedirs(entry, exist_ok=True)
+        link = os.path.join(entry, "nanopatch")
+        if not os.path.islink(link):
+            os.symlink(package, link, target_is_directory=True)
+    except OSError:
+        return os.path.dirname(package)
+    return entry

@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import REPORT_VARIABLE, Run, _package_parent, accelerated, execute, stock_environ, stock_prefix
+from .compare import REPORT_VARIABLE, Run, accelerated, execute, package_path, stock_environ, stock_prefix
 
 DEFAULT_STEPS = 20
 SEED = 0
@@ -71,11 +71,13 @@ def runner_options(words: Sequence[str]) -> list[str]:
     return kept
 
 
-def _environments(report: str) -> tuple[dict[str, str], dict[str, str]]:
-    """(stock, patched) environments. Both can import this nanopatch (the recorder); only the
-    patched one keeps the ``NANOPATCH_*`` settings of the environment, as the runner would."""
+def _environments(folder: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(stock, patched) environments, with files in ``folder``. Both can import this nanopatch
+    (the recorder; :func:`nanopatch.runner.compare.package_path`); only the patched one keeps
+    the ``NANOPATCH_*`` settings of the environment, as the runner would."""
+    report = os.path.join(folder, "report.json")
     stock = stock_environ()
-    stock["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), stock.get("PYTHONPATH")) if p)
+    stock["PYTHONPATH"] = os.pathsep.join(p for p in (package_path(folder), stock.get("PYTHONPATH")) if p)
     patched = dict(stock)
     patched.update({k: v for k, v in os.environ.items() if k.startswith("NANOPATCH_")})
     patched[REPORT_VARIABLE] = report
@@ -91,7 +93,7 @@ def verify(
     out = sys.stdout if out is None else out
     options = runner_options(runner_words)
     with tempfile.TemporaryDirectory(prefix="nanopatch-verify-") as folder:
-        stock_env, patched_env = _environments(os.path.join(folder, "report.json"))
+        stock_env, patched_env = _environments(folder)
         runs = []
         for name, prefix, env in (
             ("stock", stock_prefix(cuda_to_cpu), stock_env),

@@ -1,23 +1,27 @@
 """Child-process bootstrap: ``python -m nanopatch`` puts this folder on ``PYTHONPATH``.
 
 The ``sitecustomize.py`` beside this file then runs at start-up in every Python process the
-script starts (DataLoader workers under spawn/forkserver, subprocesses), gives it the whole
-CPU set and, when it is one of several workers, its share of the threads (see
-:func:`nanopatch.runtime.tuning.share_threads_in_child`), calls ``patch_torch()`` with the options
-exported as ``NANOPATCH_*``, and hands over to any other ``sitecustomize`` the environment
-had. Patching only installs import hooks, so a child that never imports torch pays the import
-of nanopatch and wrapt and nothing more.
+script starts (DataLoader workers under spawn/forkserver, subprocesses). In a process of the
+run's own interpreter environment (``NANOPATCH_PREFIX``, the run's ``sys.prefix``) it loads this
+copy of nanopatch and calls :func:`start_child`: the whole CPU set back and, when the process is
+one of several workers, its share of the threads (see
+:func:`nanopatch.runtime.tuning.share_threads_in_child`), then ``patch_torch()`` with the options
+exported as ``NANOPATCH_*``. A Python of another environment is left as it is. Either way it
+hands over to any other ``sitecustomize`` the environment had. Patching only installs import
+hooks, so a child that never imports torch pays the import of nanopatch and wrapt and nothing
+more.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 
 BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(__file__))
 LOG_LEVEL_VARIABLE = "NANOPATCH_LOG_LEVEL"
+#: the run's interpreter environment (``sys.prefix``): the bootstrap patches only processes of
+#: that environment (as sitecustomize.py, which cannot import this module first, spells it)
+PREFIX_VARIABLE = "NANOPATCH_PREFIX"
 
 
 def start_child() -> None:
@@ -40,17 +44,3 @@ def start_child() -> None:
         patch_torch()
     except Exception as exc:  # a child must run even if it cannot be patched
         sys.stderr.write(f"nanopatch: this process runs unpatched: {type(exc).__name__}: {exc}\n")
-
-
-def chain_sitecustomize() -> None:
-    """Run the ``sitecustomize`` our bootstrap shadows, if the environment has one."""
-    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != BOOTSTRAP_DIR]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sitecustomize"] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # as CPython does for a failing sitecustomize: report, go on
-        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
