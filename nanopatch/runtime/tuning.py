@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import inspect
 import os
 import re
 import shlex
@@ -149,18 +150,44 @@ def default_library_dirs(environ: Mapping[str, str]) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def ldconfig_libraries() -> dict[str, str]:
-    """name -> path from the dynamic linker's cache (empty when ldconfig is unavailable)."""
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
+def ldconfig_libraries(listing: str | None = None) -> dict[str, str]:
+    """name -> path from the dynamic linker's cache (``ldconfig -p``, or ``listing``: its
+    output), of this interpreter's architecture only: a multiarch host lists an i386 copy of a
+    library beside the x86-64 one, which cannot be preloaded here (empty when ldconfig is
+    unavailable)."""
+    if listing is None:
+        try:
+            listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
     found: dict[str, str] = {}
-    for line in out.splitlines():
+    for line in listing.splitlines():
         name, sep, path = line.strip().partition(" => ")
-        if sep:
-            found.setdefault(name.split(" ", 1)[0], path.strip())
+        name, path = name.split(" ", 1)[0], path.strip()
+        if sep and name not in found and not foreign_binary(path):
+            found[name] = path
     return found
+
+
+def _elf_machine(path: str) -> tuple[int, int, bytes] | None:
+    """(class, byte order, machine) of an ELF file's header; None for a file that is none."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return None
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return header[4], header[5], header[18:20]
+
+
+def foreign_binary(path: str) -> bool:
+    """Whether ``path`` is a shared library of another architecture than this interpreter's
+    (an i386 ``libtcmalloc`` on an x86-64 host, say), which the dynamic linker would refuse to
+    preload; a file whose header cannot be read is not judged foreign."""
+    ours = _elf_machine(os.path.realpath(sys.executable))
+    theirs = _elf_machine(path)
+    return ours is not None and theirs is not None and ours != theirs
 
 
 def find_allocator(name: str, dirs: Sequence[str] | None = None, cache: Mapping[str, str] | None = None) -> str | None:
@@ -169,7 +196,7 @@ def find_allocator(name: str, dirs: Sequence[str] | None = None, cache: Mapping[
     for filename in _LIBRARY_NAMES[name]:
         for d in dirs:
             path = os.path.join(d, filename)
-            if os.path.isfile(path):
+            if os.path.isfile(path) and not foreign_binary(path):
                 return path
     cache = ldconfig_libraries() if cache is None else cache
     for filename in _LIBRARY_NAMES[name]:
@@ -515,16 +542,36 @@ def with_run_cpus(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
         os.sched_setaffinity(0, pinned)
 
 
+def main_thread_cpu(environ: Mapping[str, str]) -> int | None:
+    """The CPU the runner's OpenMP settings pin a tuned process's main thread to (OpenMP's
+    thread 0: the first CPU of ``GOMP_CPU_AFFINITY``; under Intel OpenMP's compact affinity the
+    run's first CPU), or None where nanopatch pinned nothing."""
+    ours = tuned_names(environ)
+    try:
+        if "GOMP_CPU_AFFINITY" in ours:
+            first = environ["GOMP_CPU_AFFINITY"].replace(" ", ",").split(",")[0]
+            return int(first.split("-")[0])
+        if "KMP_AFFINITY" in ours and environ.get(CPUS_VARIABLE):
+            return min(cpu.parse_cpu_list(environ[CPUS_VARIABLE]))
+    except (KeyError, ValueError):
+        return None
+    return None
+
+
 def unpin_started_child(environ: dict[str, str] | None = None) -> None:
     """In a process started by a tuned one (the bootstrap calls this before torch loads):
-    take the run's whole CPU set back, and drop the pinning variables nanopatch set for
-    its parent, so this process's own OpenMP does not pin it to one CPU too."""
+    take the run's whole CPU set back where this process inherited its parent's pinned main
+    thread (its mask is that one CPU), and drop the pinning variables nanopatch set for its
+    parent, so this process's own OpenMP does not pin it to one CPU too. A mask of its own (a
+    child started under ``taskset -c 1``) is kept."""
     environ = os.environ if environ is None else environ
     text = environ.get(CPUS_VARIABLE)
     if not text:
         return
+    pinned = main_thread_cpu(environ)
     try:
-        os.sched_setaffinity(0, set(cpu.parse_cpu_list(text)))
+        if pinned is not None and os.sched_getaffinity(0) == {pinned}:
+            os.sched_setaffinity(0, set(cpu.parse_cpu_list(text)))
     except (OSError, ValueError):
         pass
     ours = tuned_names(environ)
@@ -536,6 +583,85 @@ def unpin_started_child(environ: dict[str, str] | None = None) -> None:
         environ[TUNED_VARIABLE] = ",".join(sorted(remaining))
     else:
         environ.pop(TUNED_VARIABLE, None)
+
+
+# --- processes the script starts through subprocess ------------------------------------------
+
+#: the name of a Python interpreter's executable (``python``, ``python3``, ``python3.11``)
+_PYTHON_NAME = re.compile(r"python[\d.]*(?:\.exe)?$")
+#: the tail of a nanopatch bootstrap folder on ``PYTHONPATH`` (the runner's; this floor does not
+#: import the runner's module that names it)
+_BOOTSTRAP_TAIL = os.sep + os.path.join("nanopatch", "runner", "_bootstrap")
+
+
+def runs_bootstrap(argv: Sequence[str] | str, executable: str | None, env: Mapping[str, str]) -> bool:
+    """Whether a process started with this command line and environment is a Python that runs
+    the runner's bootstrap at start-up (which gives it the run's CPUs and its share of the
+    threads itself): a Python interpreter, the bootstrap on its ``PYTHONPATH``, and none of
+    ``-I``, ``-E`` or ``-S`` (which skip ``PYTHONPATH`` or ``sitecustomize``). A shell command
+    line is not one: the shell is the child."""
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        return False
+    argv = [os.fsdecode(word) if isinstance(word, (bytes, os.PathLike)) else str(word) for word in argv]
+    program = os.fsdecode(executable) if executable else (argv[0] if argv else "")
+    if not _PYTHON_NAME.match(os.path.basename(program)) and os.path.realpath(program) != os.path.realpath(
+        sys.executable
+    ):
+        return False
+    if not any(entry.rstrip(os.sep).endswith(_BOOTSTRAP_TAIL) for entry in env.get("PYTHONPATH", "").split(os.pathsep)):
+        return False
+    words = iter(argv[1:])
+    for word in words:
+        if word == "--" or not word.startswith("-") or word == "-" or word.startswith("--"):
+            break
+        letters = word[1:]
+        for i, letter in enumerate(letters):
+            if letter in "IES":
+                return False
+            if letter in "cm":  # the rest is the command or module: no more options
+                return True
+            if letter in "WX":  # takes a value: the rest of this word, or the next one
+                if i == len(letters) - 1:
+                    next(words, None)
+                break
+    return True
+
+
+def environ_for_other_programs(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without what the runner set for the Python it tuned: the OpenMP thread count and
+    pinning, the allocator's preload (the user's own ``LD_PRELOAD`` kept) and its settings, and
+    nanopatch's records of them. A program that is not a bootstrapped Python (ninja and g++ from
+    ``torch.utils.cpp_extension``, ffmpeg, a ``python -I``) runs as it would without the runner."""
+    out = dict(env)
+    for name in tuned_names(env):
+        value = out.get(name)
+        if name == "LD_PRELOAD" and value and os.pathsep in value:
+            out[name] = value.rsplit(os.pathsep, 1)[0]  # nanopatch appended its allocator last
+        else:
+            out.pop(name, None)
+    for name in (TUNED_VARIABLE, THREADS_VARIABLE, SHARED_VARIABLE):
+        out.pop(name, None)
+    return out
+
+
+def start_process_as_the_run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Around ``subprocess.Popen.__init__`` in a tuned process: the child starts on the run's
+    whole CPU set, not on the one CPU the runner pinned this process's main thread to (the
+    calling thread's mask is widened for the start and put back after; ``os.register_at_fork``
+    handlers never run for ``subprocess``'s fork or ``posix_spawn``), and a child that is not a
+    bootstrapped Python gets none of the runner's OpenMP and allocator variables."""
+    try:
+        bound = inspect.signature(wrapped).bind(*args, **kwargs)
+        env = bound.arguments.get("env")
+        environ = os.environ if env is None else env
+        if tuned_names(environ) and not runs_bootstrap(
+            bound.arguments.get("args", ()), bound.arguments.get("executable"), environ
+        ):
+            bound.arguments["env"] = environ_for_other_programs(environ)
+            args, kwargs = bound.args, bound.kwargs
+    except Exception:  # never stand in the way of starting a process
+        pass
+    return with_run_cpus(wrapped, instance, args, kwargs)
 
 
 # --- processes the script starts: each its share of the threads ------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -459,3 +461,97 @@ def test_init_lines_run_nothing_of_a_value_the_user_set_under_eval():
     assert proc.returncode == 0, proc.stderr
     assert "INJECTED" not in proc.stdout + proc.stderr
     assert proc.stdout == "/lib/a.so:/lib/b\nc.so|"  # the value nanopatch sets arrives whole, newline and all
+
+
+# --- processes a tuned process starts through subprocess --------------------------------------
+
+BOOT = os.pathsep.join(["/x", os.path.join("/site", "nanopatch", "runner", "_bootstrap")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "executable", "expected"),
+    [
+        ([sys.executable, "-c", "pass"], None, True),
+        (["python3", "-u", "script.py"], None, True),
+        (["python3.11", "-X", "dev", "-W", "ignore", "-m", "pkg"], None, True),
+        (["python3", "-Wignore", "-I", "s.py"], None, False),
+        (["python", "-I", "-c", "pass"], None, False),
+        (["python", "-E", "s.py"], None, False),
+        (["python", "-bS", "s.py"], None, False),
+        (["python", "-c", "import sys; print(sys.argv)", "-I"], None, True),  # after -c: the command's
+        (["python", "s.py", "-E"], None, True),  # after the script: the script's
+        (["ninja", "-v"], None, False),
+        (["sh", "-c", "python x.py"], None, False),
+        ("python x.py", None, False),  # shell=True: the shell is the child
+        (["anything"], sys.executable, True),
+    ],
+)
+def test_which_children_run_the_bootstrap(argv, executable, expected):
+    assert runtime.runs_bootstrap(argv, executable, {"PYTHONPATH": BOOT}) is expected
+
+
+def test_a_python_without_the_bootstrap_on_its_path_does_not_run_it():
+    assert runtime.runs_bootstrap(["python", "s.py"], None, {"PYTHONPATH": "/x"}) is False
+    assert runtime.runs_bootstrap(["python", "s.py"], None, {}) is False
+
+
+def test_other_programs_get_the_environment_without_the_runners_tuning():
+    env = {
+        "OMP_NUM_THREADS": "8",
+        "GOMP_CPU_AFFINITY": "0,2,4,6",
+        "LD_PRELOAD": f"/user/hook.so{os.pathsep}/usr/lib/libtcmalloc_minimal.so.4",
+        "MALLOC_CONF": "x",
+        "KMP_BLOCKTIME": "0",  # the user's: not in NANOPATCH_TUNED
+        runtime.TUNED_VARIABLE: "GOMP_CPU_AFFINITY,LD_PRELOAD,MALLOC_CONF,OMP_NUM_THREADS",
+        runtime.THREADS_VARIABLE: "8",
+        runtime.CPUS_VARIABLE: "0-7",
+        "PATH": "/bin",
+    }
+    out = runtime.environ_for_other_programs(env)
+    assert out == {"LD_PRELOAD": "/user/hook.so", "KMP_BLOCKTIME": "0", runtime.CPUS_VARIABLE: "0-7", "PATH": "/bin"}
+    assert env[runtime.TUNED_VARIABLE]  # the caller's mapping is not changed
+    alone = runtime.environ_for_other_programs({"LD_PRELOAD": "/t.so", runtime.TUNED_VARIABLE: "LD_PRELOAD"})
+    assert alone == {}
+
+
+def test_only_the_cpu_the_main_thread_inherited_is_widened(monkeypatch):
+    """A child whose mask is the runner's pinned main-thread CPU takes the run's set back; one
+    started with a mask of its own (``taskset -c 1``) keeps it."""
+    calls = []
+    monkeypatch.setattr(runtime.os, "sched_setaffinity", lambda pid, cpus: calls.append(set(cpus)))
+    base = {runtime.CPUS_VARIABLE: "0-3", "GOMP_CPU_AFFINITY": "0,1,2,3", runtime.TUNED_VARIABLE: "GOMP_CPU_AFFINITY"}
+    assert runtime.main_thread_cpu(base) == 0
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0})
+    runtime.unpin_started_child(dict(base))
+    assert calls == [{0, 1, 2, 3}]
+    calls.clear()
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {1})
+    env = dict(base)
+    runtime.unpin_started_child(env)
+    assert calls == [] and "GOMP_CPU_AFFINITY" not in env  # its own mask kept, the pinning dropped
+    assert runtime.main_thread_cpu({"GOMP_CPU_AFFINITY": "0,1"}) is None  # the user's pinning: not ours
+
+
+def _elf(path: Path, elf_class: int, machine: int) -> str:
+    path.write_bytes(b"\x7fELF" + bytes([elf_class, 1, 1]) + bytes(11) + bytes([3, 0]) + machine.to_bytes(2, "little"))
+    return str(path)
+
+
+def test_a_library_of_another_architecture_is_never_chosen(tmp_path):
+    """``ldconfig -p`` on a multiarch host lists an i386 copy beside the x86-64 one."""
+    with open(os.path.realpath(sys.executable), "rb") as f:
+        ours = f.read(20)
+    if ours[:4] != b"\x7fELF":
+        pytest.skip("the interpreter is not an ELF binary")
+    native = tmp_path / "native.so"
+    native.write_bytes(ours)
+    other_machine = 3 if int.from_bytes(ours[18:20], "little" if ours[5] == 1 else "big") != 3 else 62
+    foreign = _elf(tmp_path / "foreign.so", 1, other_machine)
+    listing = (
+        f"\tlibtcmalloc_minimal.so.4 (libc6) => {foreign}\n\tlibtcmalloc_minimal.so.4 (libc6,x86-64) => {native}\n"
+    )
+    assert runtime.ldconfig_libraries(listing) == {"libtcmalloc_minimal.so.4": str(native)}
+    assert runtime.foreign_binary(foreign) and not runtime.foreign_binary(str(native))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libtcmalloc_minimal.so.4").write_bytes(Path(foreign).read_bytes())
+    assert runtime.find_allocator("tcmalloc", [str(tmp_path / "lib")], cache={}) is None

@@ -75,3 +75,25 @@ def test_workers_of_a_torchrun_the_script_starts_share_the_cores(tmp_path):
     for name in ("rank0", "rank1"):
         assert seen[name]["threads"] == SHARE and seen[name]["env"]["OMP_NUM_THREADS"] == str(SHARE), seen[name]
         assert_unpinned(seen[name])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs: the pinned main thread's and another")
+def test_processes_started_through_subprocess_get_the_runs_cpus_and_a_mask_of_their_own_is_kept(tmp_path):
+    """The runner pins the script's main thread to one CPU, and ``subprocess`` never runs
+    at-fork handlers: a program that is no Python, or a ``python -I`` (no bootstrap), started
+    on that one CPU with the runner's OpenMP pinning and thread count (``Cpus_allowed_list:
+    0``). Now each starts on the run's CPUs without the runner's OpenMP and allocator variables;
+    a child under ``taskset`` keeps its own mask (the bootstrap widened it to the run's); a
+    bootstrapped Python still gets the run's tuning, and is patched."""
+    seen = run("rt_other_children.py", tmp_path)
+    everything = sorted(os.sched_getaffinity(0))
+    assert len(cpu.parse_cpu_list(seen["script"]["cpus"])) == 1  # the pinned main thread these start from
+    for name in ("sh", "isolated"):
+        assert list(cpu.parse_cpu_list(seen[name]["cpus"])) == everything, seen[name]
+        unset = "<unset>" if name == "sh" else None
+        for variable in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "NANOPATCH_TUNED"):
+            assert seen[name]["env"][variable] == unset, (name, variable, seen[name])
+        assert "malloc" not in str(seen[name]["env"]["LD_PRELOAD"]), seen[name]
+    assert list(cpu.parse_cpu_list(seen["taskset"]["cpus"])) == [everything[-1]], seen["taskset"]
+    assert list(cpu.parse_cpu_list(seen["python"]["cpus"])) == everything, seen["python"]
+    assert seen["python"]["env"]["OMP_NUM_THREADS"] == str(RUNNER_THREADS) and seen["python"]["patched"] is True

@@ -15,6 +15,8 @@ optimizers' step flags) is an entry of the patch engine's journal.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from typing import Any
 
 import torch
@@ -52,6 +54,10 @@ def patch(config: Any) -> None:
         from torch.utils.data import dataloader
 
         _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
+    if runtime.tuned_names(os.environ):
+        # a process the script starts through subprocess: the run's CPUs, not the main thread's
+        # one, and for any program but a bootstrapped Python none of the runner's OpenMP variables
+        _patching.wrap(subprocess.Popen, "__init__", runtime.start_process_as_the_run)
     if config.malloc_reuse:
         _keep_freed_memory()
     loss.install()
