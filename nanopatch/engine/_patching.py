@@ -34,7 +34,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -216,17 +216,26 @@ class Journal:
                     self._index.pop((record.target, id(record.owner), record.name), None)
                 elif record.key is not None:
                     self._index.pop(record.key, None)
+        interrupted: BaseException | None = None
         for record in reversed(mine):
-            if isinstance(record, Change):
-                try:
+            # one failed undo (a setattr refused, a hook's own error) must not leave the others
+            # in place: the records are already out of the journal, so every one is tried; an
+            # interrupt (Ctrl-C) waits until all are, then goes on
+            try:
+                if isinstance(record, Change):
                     record.undo()
-                except Exception:  # one failed undo must not leave the others in place
-                    logger.exception("nanopatch could not undo %s", record.where)
-            elif record.original is NOTSET:
-                with contextlib.suppress(AttributeError):
-                    delattr(record.owner, record.name)
-            else:
-                setattr(record.owner, record.name, record.original)
+                elif record.original is NOTSET:
+                    with contextlib.suppress(AttributeError):
+                        delattr(record.owner, record.name)
+                else:
+                    setattr(record.owner, record.name, record.original)
+            except Exception:
+                where = record.where if isinstance(record, Change) else f"{record.owner!r}.{record.name}"
+                logger.exception("nanopatch could not undo %s", where)
+            except BaseException as exc:
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     def original(self, target: str, owner: Any, name: str) -> Any:
         """The raw original ``target`` recorded for ``owner.name`` (NOTSET: it did not exist),
@@ -266,7 +275,7 @@ def register(target: Target) -> None:
     """Add a target to the registry (targets apply in registration order)."""
     if target.option not in _config.OPTIONS:
         raise ValueError(f"target {target.name!r}: unknown option {target.option!r}")
-    with _lock:
+    with _locked():
         if target.name in _registry and _registry[target.name] != target:
             raise ValueError(f"a different target named {target.name!r} is registered")
         _registry[target.name] = target
@@ -276,7 +285,7 @@ def register(target: Target) -> None:
 
 def unregister(name: str) -> None:
     """Remove a target, undoing it first if it is applied."""
-    with _lock:
+    with _locked():
         target = _registry.get(name)
         if target is None:
             return
@@ -298,6 +307,8 @@ _active: _config.Config | None = None  # the configuration in force, None when u
 _applied: list[str] = []  # target names, in the order they were applied
 _states: dict[str, tuple[str, str]] = {}  # target name -> (state, detail)
 _hooked: set[str] = set()  # modules with a post-import hook waiting
+_imported: list[str] = []  # imports whose targets wait for the engine's lock (_on_import)
+_queue_lock = threading.Lock()  # guards _imported, never held while anything else is taken
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("nanopatch_target", default=None)
 
 
@@ -450,22 +461,70 @@ def _sync(target: Target) -> None:
 
 
 def _on_import(module: ModuleType) -> None:
+    """The post-import hook: the targets of ``module`` apply now. It runs inside the import
+    machinery, holding that module's import lock, so it must never wait for the engine's lock:
+    a thread in ``patch_torch()`` holds the engine's lock and may be waiting for this very
+    module's import to finish (its patch imports a submodule), and each would wait for the
+    other forever. So the module is queued, and whichever thread holds the engine's lock (this
+    one, if none does) applies it as soon as it can."""
+    with _queue_lock:
+        _imported.append(module.__name__)
+    _drain_imports()
+
+
+def _drain_imports() -> None:
+    """Apply the targets of queued imports, unless another thread holds the engine's lock: that
+    thread drains the queue when it lets go (see :func:`_locked`)."""
+    while True:
+        if not _lock.acquire(blocking=False):
+            return
+        try:
+            with _queue_lock:
+                names = list(_imported)
+                _imported.clear()
+            for name in names:
+                _apply_imported(name)
+        finally:
+            _lock.release()
+        with _queue_lock:
+            if not _imported:
+                return
+
+
+def _apply_imported(name: str) -> None:
     # Never let a failure here break the user's import: _apply_target already guards
     # the target code, this guards the engine.
     try:
-        with _lock:
-            _hooked.discard(module.__name__)
-            if _active is None:
-                return
-            token = _on_import_of.set(module.__name__)
-            try:
-                for target in list(_registry.values()):
-                    if target.module == module.__name__:
-                        _sync(target)
-            finally:
-                _on_import_of.reset(token)
+        _hooked.discard(name)
+        if _active is None:
+            return
+        token = _on_import_of.set(name)
+        try:
+            for target in list(_registry.values()):
+                if target.module == name:
+                    _sync(target)
+        finally:
+            _on_import_of.reset(token)
     except Exception:  # pragma: no cover - defensive
-        logger.exception("patching on import of %s failed; left stock", module.__name__)
+        logger.exception("patching on import of %s failed; left stock", name)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The engine's lock, and on letting go of it (the outermost hold of this thread) the
+    imports queued meanwhile applied: imports in other threads that finished while this thread
+    held the lock."""
+    _depth.value = getattr(_depth, "value", 0) + 1
+    try:
+        with _lock:
+            yield
+    finally:
+        _depth.value -= 1
+    if _depth.value == 0:
+        _drain_imports()
+
+
+_depth = threading.local()  # how deep this thread is in _locked()
 
 
 def version_problem(supported: dict[str, str]) -> str | None:
@@ -497,8 +556,11 @@ def _apply_target(target: Target) -> None:
             )
             return
         patcher.patch(_active)
-    except Exception as exc:
+    except BaseException as exc:
         _journal.undo(target.name)  # no half-applied target
+        if not isinstance(exc, Exception):  # Ctrl-C in a notebook, SystemExit: undone, then raised
+            _states[target.name] = ("unpatched", f"interrupted ({type(exc).__name__}) while patching; undone")
+            raise
         _states[target.name] = ("failed", f"{type(exc).__name__}: {exc}; left stock")
         log_once(
             f"failed-{target.name}",
@@ -541,7 +603,7 @@ def patch_torch(**options: Any) -> None:
     Calling it again with the same options does nothing; with different options the patches
     are re-applied with the new ones."""
     config = _config.resolve(options)
-    with _lock:
+    with _locked():
         _activate(config)
 
 
@@ -558,13 +620,20 @@ def _activate(config: _config.Config | None) -> None:
         logger.info("re-applying patches with new options %s", config.values())
         _undo_targets(list(_applied))
     _active = config
-    for target in list(_registry.values()):
-        _sync(target)
+    try:
+        for target in list(_registry.values()):
+            _sync(target)
+    except BaseException:
+        # interrupted between targets (Ctrl-C): nothing half-patched stays, and a later
+        # patch_torch() with the same options applies everything instead of returning early
+        _undo_targets(list(_applied))
+        _active = None
+        raise
 
 
 def unpatch_torch() -> None:
     """Undo every patch exactly; a no-op when nothing is patched."""
-    with _lock:
+    with _locked():
         _activate(None)
 
 
@@ -590,13 +659,13 @@ class _Scope(contextlib.ContextDecorator):
         self._saved: list[_config.Config | None] = []
 
     def __enter__(self) -> _Scope:
-        with _lock:
+        with _locked():
             self._saved.append(_active)
             _activate(None if self._options is None else _config.resolve(self._options))
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
-        with _lock:
+        with _locked():
             _activate(self._saved.pop())
         return False
 
