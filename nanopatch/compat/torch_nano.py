@@ -25,14 +25,13 @@ import io
 import logging
 import os
 import pickle
-import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from nanopatch.engine import _patching
 from nanopatch.foundation._log import log_once
-from nanopatch.runtime import _processes
+from nanopatch.runtime import _processes, loopback
 
 from .lightning import (
     LrWarmup,
@@ -323,12 +322,18 @@ def _spawn(nano: TorchNano, start_method: str, args: tuple, kwargs: dict, result
     caller with the worker's traceback (torch's ``ProcessRaisedException``)."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(
-        _spawned_rank,
-        args=(nano, args, kwargs, _free_port(), result_file),
-        nprocs=nano.num_processes,
-        start_method=start_method,
-    )
+    # this process hosts the group's store, on loopback only, for as long as the ranks run; they
+    # connect to it as torchrun's ranks to their agent's (no free port looked up, then raced for)
+    store = loopback.host_store(nano.num_processes)
+    try:
+        mp.start_processes(
+            _spawned_rank,
+            args=(nano, args, kwargs, store.port, result_file),
+            nprocs=nano.num_processes,
+            start_method=start_method,
+        )
+    finally:
+        del store
 
 
 def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: int, result_file: str) -> None:
@@ -339,24 +344,21 @@ def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: i
     _processes.end_with_parent()
     world = str(nano.num_processes)
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=loopback.LOOPBACK,
         MASTER_PORT=str(port),
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=world,
         LOCAL_WORLD_SIZE=world,
     )
+    os.environ[loopback.AGENT_STORE_VARIABLE] = "True"  # the caller hosts the store (_spawn)
+    os.environ.setdefault("TORCHELASTIC_RESTART_COUNT", "0")  # what some torch versions read with it
+    loopback.gloo_on_loopback()
     if nano._groups:
         _Pinning(nano._groups[rank % len(nano._groups)]).apply()
     distributed.start()
     _run(None, nano, args, kwargs, result_file)
     distributed.finish()  # not after a failure: the other ranks may be inside a collective, never at its barrier
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- @nano -------------------------------------------------------------------------------------------

@@ -22,10 +22,12 @@ import os
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from nanopatch.foundation import cpu
+from nanopatch.runtime import loopback
 from nanopatch.runtime import tuning as runtime
 
 logger = logging.getLogger("nanopatch")
@@ -231,7 +233,10 @@ def torchrun_argv(opts: argparse.Namespace, groups: Sequence[Sequence[int]], tar
     argv = ["--nproc-per-node", str(len(groups))]
     given = {name: getattr(opts, name) for name in PASSTHROUGH if getattr(opts, name) is not None}
     if not any(k in given for k in ("nnodes", "rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")):
-        argv.append("--standalone")
+        # one node: the launcher hosts the rendezvous store on loopback (runtime/loopback.py),
+        # not torchrun's --standalone store, which listens on every interface
+        argv += ["--nnodes", "1", "--rdzv-backend", loopback.BACKEND, "--rdzv-endpoint", loopback.LOOPBACK]
+        argv += ["--rdzv-id", uuid.uuid4().hex]
     given.setdefault("max_restarts", "0")
     for name, value in given.items():
         argv += [PASSTHROUGH[name], str(value)]
@@ -266,6 +271,10 @@ def launch(opts: argparse.Namespace, target: Sequence[str]) -> int:
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    if loopback.BACKEND in argv:
+        loopback.register_rendezvous()
+        loopback.gloo_on_loopback()  # the ranks' gloo connections: on loopback too
 
     try:
         run(get_args_parser().parse_args(argv))

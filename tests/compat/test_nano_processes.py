@@ -22,6 +22,7 @@ from nanopatch.runtime import _processes
 from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, child_env, run_rank_script
+from helpers import listening
 from helpers.learning_oracle import framework
 
 SCRIPT = str(TESTS_DIR / "data" / "nano_unguarded.py")
@@ -64,6 +65,8 @@ def test_an_unguarded_script_trains_data_parallel_and_runs_its_top_level_once(tm
         assert report["lrs"] == pytest.approx([0.0625, 0.075, 0.0875] + [0.1] * 5)
     for key, value in ranks[0]["weights"].items():
         assert torch.equal(value, ranks[1]["weights"][key]), key
+    if "no-fabric" in run:  # nanopatch's own engine: the caller hosts the store, on loopback only
+        assert ranks[0]["listening"] and all(listening.loopback(a) for a in ranks[0]["listening"]), ranks[0]
     assert ranks[0]["losses"] != ranks[1]["losses"]  # each rank read its own shard
     main = json.loads((out / "main.json").read_text())
     assert main["equals_rank0"]  # rank 0's result (or, for the Trainer, weights) came back

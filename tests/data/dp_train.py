@@ -20,6 +20,7 @@ parser.add_argument("--own-ddp", action="store_true", help="do distributed train
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--sys-exit", action="store_true", help="end with sys.exit(0), as sys.exit(main()) does")
+parser.add_argument("--report-listening", action="store_true", help="rank 0: what the job listens on")
 args = parser.parse_args()
 
 rank = os.environ.get("RANK", "single")
@@ -108,6 +109,15 @@ torch.save(
     },
     os.path.join(args.out, f"{rank}.pt"),
 )
+if args.report_listening and rank == "0":
+    import json
+
+    from helpers.listening import children, listening
+
+    launcher = os.getppid()  # torchrun's agent, in the runner's process
+    pids = {launcher, *children(launcher)}
+    with open(os.path.join(args.out, "listening.json"), "w") as f:
+        json.dump({"pids": sorted(pids), "listening": listening(pids)}, f)
 if args.sys_exit:
     import atexit
     import sys

@@ -91,6 +91,10 @@ def train_epochs(model, optimizer, loader, backward, epochs=2):
     torch.save(plain.state_dict(), os.path.join(OUT, f"rank{rank}.pt"))
     report = dict(seen, rank=rank, pid=os.getpid(), affinity=sorted(os.sched_getaffinity(0)))
     report["threads"] = torch.get_num_threads()
+    if torch.distributed.is_initialized():  # what the job listens on, the group up: the caller's and the ranks'
+        from helpers.listening import children, listening
+
+        report["listening"] = listening({os.getppid(), *children(os.getppid())})
     with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     return {"rank": rank, "steps": len(seen["losses"]), "weights": plain.state_dict()}

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from nanopatch.foundation import cpu
-from nanopatch.runtime import launch
+from nanopatch.runtime import launch, loopback
 from nanopatch.runtime import tuning as runtime
 from nanopatch.targets.parallel import patch as distributed
 
 from conftest import TESTS_DIR, child_env, run_python
+from helpers import listening
 
 SCRIPT = str(TESTS_DIR / "data" / "dp_train.py")
 TWO_CORES = len(cpu.host_facts().cores) >= 2
@@ -185,7 +186,7 @@ def test_torchrun_gets_the_multi_node_options_unchanged():
         assert argv[i : i + 2] == pair
     assert argv[-8:] == ["-m", "nanopatch", "--rank-worker", "--rank-cpus", "0-1;2-3", "train.py", "--epochs", "3"]
     single = launch.torchrun_argv(parser.parse_args(["--nproc", "2"]), [(0,), (1,)], ["-m", "pkg"])
-    assert "--standalone" in single and single[-2:] == ["-m", "pkg"]
+    assert loopback.BACKEND in single and single[-2:] == ["-m", "pkg"]
 
 
 def test_learning_rate_warm_up():
@@ -303,6 +304,30 @@ def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
     ok(proc)
     assert {(out / f"{rank}.exit").read_text() for rank in (0, 1)} == {"down"}
     assert "final loss" in proc.stdout and "Signal" not in proc.stderr
+
+
+@needs_two
+def test_a_one_machine_job_listens_on_loopback_only(tmp_path):
+    """torchrun's --standalone store listened on every interface, and gloo on the address the
+    host name resolves to: a job of one machine took connections from the network. Rank 0
+    reads every listening socket of the launcher and its ranks while the group is up."""
+    proc, out = dp_run(tmp_path, ["--nproc", "2", "--no-bf16"], ["--report-listening"])
+    ok(proc)
+    seen = json.loads((out / "listening.json").read_text())
+    assert len(seen["pids"]) >= 3, seen  # the launcher and both ranks
+    assert seen["listening"], seen  # the rendezvous store at least
+    assert all(listening.loopback(address) for address in seen["listening"]), seen
+
+
+def test_the_one_machine_rendezvous_is_loopbacks():
+    parser = argparse.ArgumentParser()
+    launch.add_options(parser)
+    argv = launch.torchrun_argv(parser.parse_args(["--nproc", "2"]), [(0,), (1,)], ["t.py"])
+    i = argv.index("--rdzv-backend")
+    assert argv[i + 1] == loopback.BACKEND and argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1"
+    store = loopback.host_store(1, 30)
+    assert all(listening.loopback(a) for a in listening.listening({os.getpid()}) if a.endswith(f":{store.port}"))
+    assert any(a.endswith(f":{store.port}") for a in listening.listening({os.getpid()}))
 
 
 def test_bad_launcher_arguments(tmp_path):
