@@ -65,13 +65,23 @@ def bootstrapped(python: str, tmp_path: Path, *paths: Path, **env: str) -> subpr
     )
 
 
-def test_with_another_copy_first_on_the_path_a_child_runs_the_runs_copy_and_the_users_sitecustomize(tmp_path):
+def user_site(tmp_path: Path) -> Path:
+    """A folder with a ``sitecustomize`` of the user's own, which counts its runs."""
+    folder = tmp_path / "user_site"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
+    return folder
+
+
+def another_copy(tmp_path: Path) -> Path:
+    """A folder holding a second copy of the nanopatch package (an installed version, say)."""
     other = tmp_path / "other"
     shutil.copytree(PACKAGE, other / "nanopatch", ignore=shutil.ignore_patterns("__pycache__"))
-    user_site = tmp_path / "user_site"
-    user_site.mkdir()
-    (user_site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
-    proc = bootstrapped(sys.executable, tmp_path, other, user_site)
+    return other
+
+
+def test_with_another_copy_first_on_the_path_a_child_runs_the_runs_copy_and_the_users_sitecustomize(tmp_path):
+    proc = bootstrapped(sys.executable, tmp_path, another_copy(tmp_path), user_site(tmp_path))
     assert "RecursionError" not in proc.stderr, proc.stderr[-2000:]
     seen = report(proc)
     assert seen["nanopatch"] == str(PACKAGE / "__init__.py"), "the child runs another copy than the run's"
@@ -82,12 +92,9 @@ def test_with_another_copy_first_on_the_path_a_child_runs_the_runs_copy_and_the_
 
 def test_two_copies_bootstraps_on_one_path_do_not_hand_over_to_each_other(tmp_path):
     """A run inside a run of another copy: both bootstrap folders on the path."""
-    other = tmp_path / "other"
-    shutil.copytree(PACKAGE, other / "nanopatch", ignore=shutil.ignore_patterns("__pycache__"))
-    user_site = tmp_path / "user_site"
-    user_site.mkdir()
-    (user_site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
-    proc = bootstrapped(sys.executable, tmp_path, other / "nanopatch" / "runner" / "_bootstrap", other, user_site)
+    other = another_copy(tmp_path)
+    bootstrap = other / "nanopatch" / "runner" / "_bootstrap"
+    proc = bootstrapped(sys.executable, tmp_path, bootstrap, other, user_site(tmp_path))
     seen = report(proc)
     assert seen["user_site"] == "1" and seen["nanopatch"] == str(PACKAGE / "__init__.py")
 
@@ -110,10 +117,7 @@ def test_a_python_of_another_environment_is_left_as_it_is(tmp_path):
 def test_a_foreign_python_still_runs_its_own_sitecustomize(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    user_site = tmp_path / "user_site"
-    user_site.mkdir()
-    (user_site / "sitecustomize.py").write_text(USER_SITECUSTOMIZE)
-    seen = report(bootstrapped(str(venv / "bin" / "python"), tmp_path, user_site))
+    seen = report(bootstrapped(str(venv / "bin" / "python"), tmp_path, user_site(tmp_path)))
     assert seen["user_site"] == "1" and seen["nanopatch"] is None
 
 
