@@ -551,6 +551,17 @@ def test_a_library_of_another_architecture_is_never_chosen(tmp_path):
         f"\tlibtcmalloc_minimal.so.4 (libc6) => {foreign}\n\tlibtcmalloc_minimal.so.4 (libc6,x86-64) => {native}\n"
     )
     assert runtime.ldconfig_libraries(listing) == {"libtcmalloc_minimal.so.4": str(native)}
+    # as ldconfig lists a real host: each library tagged, this interpreter's tag that of its C library
+    tagged = (
+        f"\tlibc.so.6 (libc6) => {foreign}\n\tlibc.so.6 (libc6,x86-64) => {native}\n"
+        f"\tlibjemalloc.so.2 (libc6) => /nowhere/i386/libjemalloc.so.2\n"
+        f"\tlibtcmalloc_minimal.so.4 (libc6) => /nowhere/i386/libtcmalloc_minimal.so.4\n"
+        f"\tlibtcmalloc_minimal.so.4 (libc6,x86-64) => /nowhere/libtcmalloc_minimal.so.4\n"
+    )
+    assert runtime.ldconfig_libraries(tagged) == {
+        "libc.so.6": str(native),
+        "libtcmalloc_minimal.so.4": "/nowhere/libtcmalloc_minimal.so.4",
+    }
     assert runtime.foreign_binary(foreign) and not runtime.foreign_binary(str(native))
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libtcmalloc_minimal.so.4").write_bytes(Path(foreign).read_bytes())
