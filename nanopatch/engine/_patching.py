@@ -646,6 +646,18 @@ def is_applied(target: str) -> bool:
     return target in _applied
 
 
+def active_config() -> _config.Config | None:
+    """The configuration in force, None when nothing is patched."""
+    return _active
+
+
+def target_state(name: str) -> tuple[str, str]:
+    """(state, detail) of the target named ``name`` now, as :func:`status` gives them, without
+    asking every target to describe itself."""
+    with _lock:
+        return _states.get(name, ("unpatched", "")) if _active is not None else ("unpatched", "")
+
+
 class _Scope(contextlib.ContextDecorator):
     """``patched(**options)`` / ``unpatched()``: set a state on entry, restore on exit.
 
@@ -726,9 +738,7 @@ def status() -> dict[str, Any]:
                 errors.append(str(exc))
         target_info = {}
         for name, target in _registry.items():
-            state, detail = _states.get(name, ("unpatched", ""))
-            if _active is None:
-                state, detail = "unpatched", ""
+            state, detail = target_state(name)
             target_info[name] = {
                 "option": target.option,
                 "module": target.module,

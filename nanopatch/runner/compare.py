@@ -386,12 +386,11 @@ def _patched_account() -> dict:
     from nanopatch.engine import _patching
     from nanopatch.runtime import tuning
 
-    if not _patching.is_patched():
+    config = _patching.active_config()
+    if config is None:
         return {}
-    state = _patching.status()
-    account: dict = {"options": state["options"]}
-    vision = state["targets"].get("vision", {})
-    account["vision"] = {"state": vision.get("state", "unpatched"), "detail": vision.get("detail", "")}
+    state, detail = _patching.target_state("vision")
+    account: dict = {"options": config.as_dict(), "vision": {"state": state, "detail": detail}}
     account["runtime"] = {
         name: os.environ[name] for name in sorted(tuning.tuned_names(os.environ)) if name in os.environ
     }

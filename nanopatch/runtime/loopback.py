@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import socket
@@ -103,14 +104,10 @@ def _create_handler(params: Any) -> Any:
     return _handler_class()(params.run_id, int(params.config.get("timeout", 600)))
 
 
-_classes: dict[str, type] = {}
-
-
+@functools.cache
 def _handler_class() -> type:
     """The rendezvous handler of one node: made on first use, so that importing this module
     imports nothing of torch."""
-    if "handler" in _classes:
-        return _classes["handler"]
     from torch.distributed import PrefixStore
     from torch.distributed.elastic import rendezvous as rdzv
 
@@ -153,5 +150,4 @@ def _handler_class() -> type:
         def shutdown(self) -> bool:
             return True
 
-    _classes["handler"] = LoopbackRendezvous
     return LoopbackRendezvous

@@ -6,13 +6,17 @@ from __future__ import annotations
 import os
 
 
+def _listdir(path: str) -> list[str]:
+    """The names in a ``/proc`` folder; none where the process or task is gone."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return inodes
-    for name in names:
+    for name in _listdir(f"/proc/{pid}/fd"):
         try:
             link = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
@@ -39,11 +43,7 @@ def _address(hex_address: str) -> str:
 
 def children(pid: int) -> set[int]:
     found = set()
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
+    for task in _listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 found.update(int(p) for p in f.read().split())
