@@ -20,6 +20,10 @@ ENV_PREFIX = "NANOPATCH_"
 
 #: torch.compile modes the ``compile`` option accepts (``True`` means ``"default"``).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: ``compile="auto"``: the model runs eagerly, and is compiled (torch.compile's default mode) only
+#: where a measurement on the run's own steps finds that it pays (see
+#: :mod:`nanopatch.targets.training.compile_choice`)
+COMPILE_AUTO = "auto"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -68,7 +72,7 @@ def allowed_values(option: str) -> str:
         return "true/false (or 1/0, yes/no, on/off)"
     if kind == "tristate":
         return "true/false (or 1/0, yes/no, on/off), or auto/None"
-    return "false, true, or a torch.compile mode: " + ", ".join(COMPILE_MODES)
+    return "false, true, auto (compile where it measures faster), or a torch.compile mode: " + ", ".join(COMPILE_MODES)
 
 
 def _bad(option: str, value: object, where: str) -> ValueError:
@@ -85,10 +89,10 @@ def parse_value(option: str, value: object, where: str = "") -> Any:
             value = True
         elif text in _FALSE:
             value = False
+        elif kind == "compile" and (text in COMPILE_MODES or text == COMPILE_AUTO):
+            return text
         elif text in (_AUTO, "none", ""):
             value = None
-        elif kind == "compile" and text in COMPILE_MODES:
-            return text
         else:
             raise _bad(option, given, where)
     if value is None:
@@ -112,7 +116,7 @@ class Config:
     bf16_eval: bool  # keep bf16 autocast when a paired model runs in eval mode
     channels_last: bool
     ipex: bool
-    compile: str | bool  # False, or a torch.compile mode name
+    compile: str | bool  # False, a torch.compile mode name, or "auto" (compiled where measured faster)
     fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
     data_parallel: bool  # data-parallel over torch.distributed (on in `--nproc` processes)
     auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel

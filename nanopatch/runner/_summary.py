@@ -251,6 +251,16 @@ def not_accelerated_parts(
         if measured.startswith("off"):
             why = measured.split(": ", 1)[1] if ": " in measured else measured
             parts.append(f"bf16 autocast for {model['model']}: {why.replace(' for this model', '')}, so it kept fp32")
+        choice = model.get("compile_choice") or ""
+        if choice.startswith("eager: "):
+            parts.append(
+                f"torch.compile (compile=auto) for {model['model']}: {choice[len('eager: ') :]}, so it ran eagerly"
+            )
+        elif choice == "measuring":
+            parts.append(
+                f"torch.compile (compile=auto) for {model['model']}: not tried; the run ended before it had spent "
+                "as long in eager steps as compiling was expected to take"
+            )
     for entry in report.get("models", []):
         if not entry.get("model"):
             parts.append(f"{', '.join(entry.get('optimizers', [])) or 'an optimizer'}: no model ({entry.get('stock')})")
@@ -267,7 +277,7 @@ def not_accelerated_parts(
     if ipex and not ipex.get("value"):
         parts.append(f"IPEX: {ipex.get('reason', 'off')}")
     compile_ = options.get("compile") or {}
-    if compile_ and not compile_.get("value") and not any(m.get("compile") for m in models):
+    if compile_ and not compile_.get("value") and not any(m.get("compile") or m.get("compile_choice") for m in models):
         parts.append("torch.compile: off by default (--compare --try-compile measures whether it pays here)")
     runtime = report.get("runtime") or {}
     if runtime and "LD_PRELOAD" not in runtime and tcmalloc is False:

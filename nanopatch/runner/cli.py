@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_compile_mode,
                 metavar="MODE",
                 help="torch.compile the model forward; write the mode as --compile=MODE "
-                f"({', '.join(config.COMPILE_MODES)}); off by default",
+                f"({', '.join(config.COMPILE_MODES)}), or --compile=auto to compile only where the run's "
+                "own steps measure it faster; off by default",
             )
             patches.add_argument("--no-" + flag[2:], dest=name, action="store_false")
         else:

@@ -116,7 +116,15 @@ def test_boolean_spellings(machine, monkeypatch, raw, expected):
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(True, "default"), ("1", "default"), ("reduce-overhead", "reduce-overhead"), (False, False), ("off", False)],
+    [
+        (True, "default"),
+        ("1", "default"),
+        ("reduce-overhead", "reduce-overhead"),
+        (False, False),
+        ("off", False),
+        ("auto", "auto"),
+        ("AUTO", "auto"),
+    ],
 )
 def test_compile_values(machine, value, expected):
     assert config.resolve({"compile": value}).compile == expected
@@ -126,7 +134,12 @@ def test_compile_values(machine, value, expected):
     ("options", "env", "message"),
     [
         ({}, {"NANOPATCH_BF16": "maybe"}, "'bf16' (from NANOPATCH_BF16): 'maybe' is not allowed; use true/false"),
-        ({"compile": "fastest"}, {}, "'compile': 'fastest' is not allowed; use false, true, or a torch.compile mode"),
+        (
+            {"compile": "fastest"},
+            {},
+            "'compile': 'fastest' is not allowed; use false, true, auto (compile where it measures faster), "
+            "or a torch.compile mode",
+        ),
         ({}, {"NANOPATCH_COMPILE": "fastest"}, "max-autotune"),
         ({"vision": "auto"}, {}, "'vision': 'auto' is not allowed"),
         ({}, {"NANOPATCH_TRAINING": "auto"}, "'training' (from NANOPATCH_TRAINING)"),

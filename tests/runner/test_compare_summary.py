@@ -131,6 +131,29 @@ def test_bf16_measured_slower_says_so():
     assert _summary.accelerated_parts({"models": [kept]})[0].startswith("ResNet: computed in bf16")
 
 
+@pytest.mark.parametrize(
+    ("choice", "said"),
+    [
+        (
+            "eager: measured slower: compiled 3300 ms, eager 2900 ms per step (fastest of 3 each), 55 s to compile",
+            "torch.compile (compile=auto) for ResNet: measured slower: compiled 3300 ms, eager 2900 ms per step",
+        ),
+        ("measuring", "torch.compile (compile=auto) for ResNet: not tried; the run ended before"),
+        ("compiled: measured faster: compiled 70 ms, eager 100 ms per step", None),
+    ],
+)
+def test_compile_auto_says_what_it_chose_and_why(choice, said):
+    options = dict(OPTIONS_NO_BF16, compile={"value": "auto", "source": "argument", "reason": "set by patch_torch"})
+    model = dict(RESNET, compile_choice=choice, compile="default" if choice.startswith("compiled") else False)
+    parts = _summary.not_accelerated_parts({"models": [model], "options": options}, AMX)
+    assert not any("off by default" in p for p in parts)
+    if said is None:
+        assert not any("compile" in p for p in parts)
+        assert "torch.compile (default)" in _summary.accelerated_parts({"models": [model]})[0]
+    else:
+        assert any(p.startswith(said) for p in parts), parts
+
+
 def test_bf16_turned_off_by_the_user_is_named_as_such():
     options = dict(OPTIONS_NO_BF16, bf16={"value": False, "source": "environment", "reason": "set by NANOPATCH_BF16=0"})
     assert "bf16 autocast: off (set by NANOPATCH_BF16=0)" in _summary.not_accelerated_parts({"options": options}, AMX)

@@ -384,6 +384,35 @@ def test_the_trials_decision(bf16_ms, fp32_ms, kept, counted):
     assert modes == [True] * 3 + [False] + [False, True] * counted
 
 
+@pytest.mark.parametrize(
+    ("bf16_ms", "fp32_ms", "kept", "counted"),
+    [
+        ((9.0, 11.0, 11.0), (10.0, 10.0, 10.2), False, 8),  # 10% apart at the fastest, 11-22% noise: never clear
+        ((9.0, 9.1, 9.2), (10.0, 10.1, 10.2), True, 4),  # 10% apart, 1% noise: clear at the usual count
+        ((10.5, 10.6, 10.7), (10.0, 10.1, 10.0), False, 4),
+    ],
+)
+def test_the_trial_measures_until_the_difference_clears_the_noise(bf16_ms, fp32_ms, kept, counted):
+    """Noisy steps (other work on the cores) keep the trial going, up to 8 timings of each mode;
+    a difference that never clears their noise keeps fp32, stock's dtype."""
+    from nanopatch.targets.training.plan import Plan, Trial
+
+    plan = Plan(name="M", amp_dtype=torch.bfloat16)
+    plan.trial = trial = Trial(early=None)
+    now, seen = 0.0, {True: 0, False: 0}
+    while plan.trial is not None:
+        mode = trial.bf16
+        series = bf16_ms if mode else fp32_ms
+        now += series[seen[mode] % len(series)] / 1e3
+        if trial.steps > trial.warmup and (mode or trial._fp32_seen):
+            seen[mode] += 1
+        trial.on_step(plan, now)
+    assert (plan.amp_dtype is not None) is kept
+    assert min(len(v) for v in trial.times.values()) == counted
+    if counted == 8:
+        assert plan.bf16_measured.startswith("off: not measured clearly faster than fp32")
+
+
 def test_a_first_training_call_that_raises_raises_the_users_error_and_the_next_one_is_accelerated():
     """torch runs always-call forward hooks while handling a forward's exception by iterating
     its global hook dict itself: the search removes no hook there (it would turn the user's

@@ -32,9 +32,10 @@ import torch
 from torch import nn
 
 from nanopatch.engine import _patching
+from nanopatch.engine import config as config_mod
 from nanopatch.foundation._log import log_once, warn_once
 
-from . import dropout, ipex, optim, selfcheck
+from . import compile_choice, dropout, ipex, optim, selfcheck
 from . import forward as fw
 from . import memory_format as mf
 from .plan import TARGET, Plan, compiling, config, data_parallel, local, lock, plans, tls, trial_for
@@ -234,9 +235,11 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     plan.amp_dtype = torch.bfloat16 if bf16 or keep else None
     plan.amp_eval = bool(cfg.bf16_eval)
     plan.compile_mode = cfg.compile
+    if cfg.compile == config_mod.COMPILE_AUTO:
+        compile_choice.start(plan, model)
     if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
         plan.trial = trial_for(model)
-    plan.masks = bool(cfg.fast_dropout) and not cfg.compile and dropout.installed()
+    plan.masks = bool(cfg.fast_dropout) and not plan.compile_mode and dropout.installed()
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None
@@ -251,8 +254,9 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
 def measured(cfg: Any) -> bool:
     """Whether bf16 is measured against fp32 on a model's first steps: when nanopatch chose bf16
     itself (an explicit ``bf16=True`` / ``NANOPATCH_BF16=1`` is honoured as asked), and not under
-    ``compile=`` (flipping autocast would recompile the graph)."""
-    return cfg.sources.get("bf16") == "auto" and not cfg.compile
+    ``compile=`` (flipping autocast would recompile the graph; ``compile="auto"`` measures bf16
+    first, eagerly, and compile after)."""
+    return cfg.sources.get("bf16") == "auto" and (not cfg.compile or cfg.compile == config_mod.COMPILE_AUTO)
 
 
 def _already(model: nn.Module, rank: int) -> bool:
@@ -303,6 +307,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
             optim.restore_step(opt)
     plan.fast_steps.clear()
     plan.compiled = None
+    plan.compile_trial = None
     plan.ddp = None
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         if plan.layout is not None:
@@ -580,6 +585,8 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
                 for plan in (ref() for ref in watch.plans):
                     if plan is not None and plan.trial is not None:
                         plan.trial.on_step(plan)
+                    elif plan is not None and plan.compile_trial is not None:
+                        plan.compile_trial.on_step(plan)  # after the bf16 trial: it measures eager steps
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
 

@@ -239,7 +239,8 @@ def _compiled(module: nn.Module, plan: Plan, forward: Any) -> Any:
     compiling fails."""
     if plan.compiled is None:
         try:
-            plan.compiled = torch.compile(forward, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+            mode = plan.compile_mode
+            plan.compiled = torch.compile(forward, mode=None if mode in ("default", True) else mode)
         except Exception as exc:
             _compile_failed(module, plan, exc)
             return forward
@@ -262,6 +263,9 @@ def _compiled(module: nn.Module, plan: Plan, forward: Any) -> Any:
 def _compile_failed(module: nn.Module, plan: Plan, exc: BaseException) -> None:
     plan.compile_mode = False
     plan.compiled = None
+    if plan.compile_trial is not None:  # compile="auto": a failure is one of its answers
+        plan.compile_trial.decide(plan, False, f"torch.compile failed ({type(exc).__name__}: {exc})")
+        return
     plan.notes.append(f"torch.compile failed ({type(exc).__name__}); eager")
     warn_once(
         "compile",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import threading
 import time
 import weakref
@@ -81,8 +82,10 @@ class Plan:
     amp_eval: bool = True
     rank: int | None = None  # channels-last rank (4 or 5) applied, None = untouched
     ipex: bool = False  # IPEX-optimized (cannot be undone)
-    compile_mode: str | bool = False
+    compile_mode: str | bool = False  # the forward's next training call: compiled with this mode, or eager
     compiled: Any = None
+    compile_trial: Any = None  # compile="auto"'s measurement while it runs (compile_choice.CompileTrial)
+    compile_choice: str | None = None  # compile="auto"'s decision and its figures, once made
     optimizers: list[str] = dataclasses.field(default_factory=list)
     fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
     heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
@@ -127,6 +130,7 @@ class Plan:
             "autocast": self.autocast,
             "fast_dropout": self.fast_dropout,
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
+            "compile_choice": "measuring" if self.compile_trial is not None else self.compile_choice,
         }
 
     def summary(self) -> str:
@@ -152,6 +156,15 @@ class Plan:
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
 
 
+def spread(samples: list[float]) -> float:
+    """How far a mode's fastest timing may be from what it runs at: the gap from its fastest to
+    its median, as a share of the fastest (0 for fewer than two timings)."""
+    if len(samples) < 2:
+        return 0.0
+    fastest = min(samples)
+    return (statistics.median(samples) - fastest) / fastest if fastest > 0 else 0.0
+
+
 def trial_for(model: nn.Module) -> Trial:
     """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
     depends on the CPU as much as on the model (small convolutions on small images can run slower
@@ -171,10 +184,15 @@ class Trial:
     share). The fastest, not the median: whatever else the script does between steps (logging,
     a checkpoint, a slow batch) lands on some steps and not others, and only lengthens them.
     Where the answer is clear-cut, it comes sooner: after ``early`` timings of each mode, bf16
-    below ``clear`` times fp32 keeps bf16 (or above 1 / ``clear`` turns it off)."""
+    below ``clear`` times fp32 keeps bf16 (or above 1 / ``clear`` turns it off). Where the steps
+    are noisy (other work sharing the cores: a mode's median more than its fastest), the
+    difference must clear that noise (:func:`spread`); the steps go on alternating until it does,
+    up to ``max_rounds`` timings of each, and where it never does fp32, stock's dtype, stays: a
+    script must not compute in bf16 in one run and in fp32 in the next by chance."""
 
     warmup: int = 2
     rounds: int = 4
+    max_rounds: int = 8
     margin: float = 0.0
     early: int | None = 2
     clear: float = 0.8
@@ -193,7 +211,8 @@ class Trial:
         self.last = now
         self.steps += 1
         counted = min(len(v) for v in self.times.values())
-        if counted >= self.rounds or (self.early is not None and counted >= self.early and self._clear()):
+        settled = self._noise() == 0 or self._beyond_noise() or counted >= self.max_rounds
+        if (counted >= self.rounds and settled) or (self.early is not None and counted >= self.early and self._clear()):
             self._decide(plan)
         elif self.steps > self.warmup:
             # fp32 first, twice (the uncounted set-up step, then a counted one), then alternating
@@ -206,15 +225,34 @@ class Trial:
         bf16, fp32 = self._fastest()
         return bf16 < fp32 * self.clear or bf16 * self.clear > fp32
 
+    def _noise(self) -> float:
+        return max(spread(self.times[True]), spread(self.times[False]))
+
+    def _beyond_noise(self) -> bool:
+        bf16, fp32 = self._fastest()
+        noise = self._noise()
+        return bf16 < fp32 * (1 - noise) or bf16 > fp32 * (1 + noise)
+
     def _decide(self, plan: Plan) -> None:
         bf16, fp32 = self._fastest()
         plan.trial = None
         counts = sorted({len(v) for v in self.times.values()})
+        noise = self._noise()
         verdict = (
             f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step "
             f"(fastest of {'/'.join(map(str, counts))} steps)"
         )
-        if bf16 > fp32 * (1 + self.margin):
+        if noise and not self._clear() and not self._beyond_noise():
+            # as long as it measured, the difference stayed within the steps' own noise (other
+            # work sharing the cores): fp32, stock's dtype, is the known-safe choice
+            plan.amp_dtype = None
+            plan.reprobe = True
+            plan.bf16_measured = (
+                f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
+                f"the steps' noise {noise:.0%})"
+            )
+            plan.notes.append(f"bf16 autocast off: not clearly faster than fp32 ({verdict}, noise {noise:.0%})")
+        elif bf16 > fp32 * (1 + self.margin):
             plan.amp_dtype = None
             plan.reprobe = True  # the next training call is probed: it computes in fp32 now
             plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"

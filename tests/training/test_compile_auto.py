@@ -1,0 +1,206 @@
+"""compile="auto": torch.compile only where the run's own steps measure it faster, eager otherwise
+(a short script, a slower or failing compile, graph breaks), the choice remembered per machine."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import nanopatch
+from nanopatch.targets.training import compile_choice
+from nanopatch.targets.training import patch as training
+from nanopatch.targets.training.plan import Plan
+
+NATIVE = {"ipex": False}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / compile_choice.RECORD_FILE
+
+
+def drive(
+    trial: compile_choice.CompileTrial, plan: Plan, eager_ms: float, compiled_ms: float, compile_s=5.0, limit=200
+):
+    """Step ``plan`` through its trial with fixed iteration times; the modes each iteration ran."""
+    plan.compile_trial = trial
+    now, modes = 0.0, []
+    trial.on_step(plan, now)  # the first step's end: nothing timed yet
+    while plan.compile_trial is not None and len(modes) < limit:
+        compiled = bool(plan.compile_mode)
+        first = compiled and trial.phase == "compiling"
+        modes.append("compile" if first else ("compiled" if compiled else "eager"))
+        now += (compiled_ms if compiled else eager_ms) / 1e3 + (compile_s if first else 0.0)
+        trial.on_step(plan, now)
+    return modes
+
+
+@pytest.mark.parametrize(("compiled_ms", "kept"), [(70, True), (130, False)])
+def test_compiled_is_kept_only_where_it_measured_faster(cache, compiled_ms, kept):
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key="k", prior_compile_s=0.95, min_steps=4)
+    modes = drive(trial, plan, eager_ms=100, compiled_ms=compiled_ms)
+    # eager until the run has spent the expected compile time (and min_steps), then compile
+    # once, then eager and compiled alternate until each has `rounds` timings
+    assert modes[:10] == ["eager"] * 10 and modes[10] == "compile"
+    assert modes[11:] == ["eager", "compiled"] * 3
+    assert trial.compile_s == pytest.approx(5.0 + (compiled_ms - 100) / 1e3)
+    assert (plan.compile_mode == "default") is kept and plan.compile_trial is None
+    choice = plan.describe()["compile_choice"]
+    assert choice.startswith("compiled: measured faster" if kept else "eager: measured slower")
+    assert f"compiled {compiled_ms} ms, eager 100 ms per step" in choice
+    record = json.loads(cache.read_text())["k"]
+    assert record["compiled"] is kept and record["eager_ms"] == 100 and record["compiled_ms"] == compiled_ms
+    if not kept:
+        assert plan.compiled is None
+
+
+def test_a_short_run_never_compiles():
+    """A 20-step script whose steps take a second: 20 s of eager steps is less than the compile
+    time expected, so it never pays for compiling."""
+    plan = Plan(name="M")
+    plan.compile_trial = trial = compile_choice.CompileTrial(key=None)
+    for step in range(21):
+        trial.on_step(plan, float(step))
+        assert plan.compile_mode is False
+    assert plan.describe()["compile_choice"] == "measuring" and trial.phase == "eager"
+
+
+def test_a_tie_within_the_noise_keeps_eager():
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key=None, prior_compile_s=0.0, min_steps=1)
+    modes = drive(trial, plan, eager_ms=100, compiled_ms=99.5)
+    assert modes.count("compiled") == trial.max_rounds  # measured as long as allowed: 0.5% < the 2% margin
+    assert plan.compile_mode is False
+    assert plan.compile_choice.startswith("eager: not measured clearly faster")
+
+
+def test_noisy_steps_need_a_clear_win(monkeypatch):
+    """Compiled 5% faster at its fastest, but each mode's median is 8-10% above its fastest: eager."""
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key=None, prior_compile_s=0.0, min_steps=1)
+    plan.compile_trial = trial
+    trial.on_step(plan, 0.0)
+    now, eager, compiled = 0.0, iter([0.100, 0.112, 0.108] * 10), iter([0.095, 0.106, 0.1045] * 10)
+    now += 0.1
+    trial.on_step(plan, now)  # the eager step that reaches the threshold
+    now += 5.0
+    trial.on_step(plan, now)  # the compile
+    while plan.compile_trial is not None:
+        now += next(compiled) if plan.compile_mode else next(eager)
+        trial.on_step(plan, now)
+    assert plan.compile_mode is False and "noise of 10%" in plan.compile_choice  # compiled: (0.1045 - 0.095) / 0.095
+
+
+def test_graph_breaks_end_the_trial_with_eager(monkeypatch):
+    graphs = iter(range(0, 100, 20))
+    monkeypatch.setattr(compile_choice, "graph_count", lambda: next(graphs))
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key=None, prior_compile_s=0.0, min_steps=1)
+    drive(trial, plan, eager_ms=100, compiled_ms=50)
+    assert plan.compile_mode is False and "made 20 graphs" in plan.compile_choice
+
+
+def test_a_record_of_a_slower_compile_skips_the_trial_and_one_of_a_faster_sets_the_wait(cache):
+    model = nn.Linear(4, 4)
+    key = compile_choice.model_key(model, "default")
+    compile_choice.write_record(
+        key, {"compiled": False, "compile_s": 30, "compiled_ms": 12, "eager_ms": 10, "date": "d"}
+    )
+    plan = Plan(name="Linear")
+    compile_choice.start(plan, model)
+    assert plan.compile_trial is None and plan.compile_mode is False
+    assert plan.compile_choice.startswith("eager: an earlier run on this machine measured torch.compile slower")
+    compile_choice.write_record(
+        key, {"compiled": True, "compile_s": 7.5, "compiled_ms": 8, "eager_ms": 10, "date": "d"}
+    )
+    plan = Plan(name="Linear")
+    compile_choice.start(plan, model)
+    assert plan.compile_trial.expected_compile_s() == 7.5
+    assert compile_choice.model_key(nn.Linear(4, 5), "default") != key  # another shape, another record
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 4))
+
+
+def train(model, optimizer, steps):
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def fast_trial(monkeypatch):
+    """A trial that tries compiling after 2 eager steps."""
+    monkeypatch.setattr(compile_choice, "PRIOR_COMPILE_S", 0.0)
+    monkeypatch.setattr(compile_choice, "MIN_STEPS", 2)
+
+
+def test_auto_compiles_a_real_model_measures_it_and_learns(monkeypatch, caplog, cache):
+    fast_trial(monkeypatch)
+    caplog.set_level(logging.INFO, logger="nanopatch")
+    with nanopatch.patched(bf16=False, compile="auto", **NATIVE):
+        model = small_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = train(model, optimizer, 2)
+        plan = training.plans[model]
+        assert plan.compiled is None and plan.compile_trial.phase == "eager"
+        while plan.compiled is None and len(losses) < 8:  # 2 eager steps timed, then it compiles
+            losses += train(model, optimizer, 1)
+        assert plan.compile_trial is not None and plan.compiled is not None
+        losses += train(model, optimizer, 2 * compile_choice.CompileTrial.max_rounds + 2)
+        described = next(m for m in nanopatch.status()["targets"]["training"]["details"] if m["model"] == "Sequential")
+    assert plan.compile_trial is None
+    assert described["compile_choice"] == plan.compile_choice
+    assert plan.compile_choice.split(":")[0] in ("compiled", "eager")
+    assert described["compile"] == ("default" if plan.compile_choice.startswith("compiled") else False)
+    assert any("compile=auto chose" in r.getMessage() for r in caplog.records)
+    assert json.loads(cache.read_text())  # remembered
+    assert losses[-1] < losses[0]
+
+
+def test_auto_falls_back_to_eager_on_a_compile_error_without_a_warning(monkeypatch, recwarn):
+    fast_trial(monkeypatch)
+
+    def failing_compile(fn, **kwargs):
+        def run(*args, **kw):
+            raise RuntimeError("backend exploded")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    plan, _, losses = train_auto(8)
+    assert plan.compile_mode is False and plan.compile_trial is None
+    assert plan.compile_choice == "eager: torch.compile failed (RuntimeError: backend exploded)"
+    assert not [w for w in recwarn if "torch.compile" in str(w.message)]
+    assert losses[-1] < losses[0]
+
+
+def test_a_real_20_step_script_is_not_compiled():
+    plan, described, losses = train_auto(20)
+    assert plan.compiled is None and plan.compile_mode is False
+    assert described["compile_choice"] == "measuring"
+    assert losses[-1] < losses[0]
+
+
+def train_auto(steps: int):
+    """``small_model`` trained ``steps`` steps under compile="auto": its plan, what ``status()``
+    said of it before unpatching, and its losses."""
+    with nanopatch.patched(bf16=False, compile="auto", **NATIVE):
+        model = small_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = train(model, optimizer, steps)
+        plan = training.plans[model]
+        return plan, plan.describe(), losses
