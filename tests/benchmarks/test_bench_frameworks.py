@@ -189,6 +189,26 @@ def test_tiny_gpt2_run_of_the_hugging_face_trainer(tmp_path):
     assert patched["details"]["problems"] == [] and patched["rate"] > 0
 
 
+def test_tiny_lora_run_of_the_hugging_face_trainer(tmp_path):
+    """``--lora``: the Trainer fine-tunes GPT-2 through peft's LoRA, its base weights frozen; the
+    same few parameters get gradients under nanopatch as in stock, and it learns as stock."""
+    pytest.importorskip("peft")
+    out = tmp_path / "fw.json"
+    script = str(REPO_ROOT / "bench" / "frameworks.py")
+    tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--learning-steps", "2"]
+    tiny += ["--variants", "hf-stock,hf-nanopatch", "--hf-model", "gpt2", "--lora"]
+    proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "fine-tuned with peft's LoRA (rank 8 on c_attn; the base weights frozen)" in report["descriptions"]["hf"]
+    rows = {r["variant"]: r for r in report["rows"]}
+    stock, patched = rows["hf-stock"], rows["hf-nanopatch"]
+    # one layer: c_attn's lora_A and lora_B are all that train
+    assert patched["learning"]["grads"] == stock["learning"]["grads"] == [2, 2]
+    assert patched["learning"]["learns"] is True, patched["learning"]
+    assert patched["details"]["inside"] == "bf16 / n/a" and patched["rate"] > 0
+
+
 def learning_record(grads=PARAMS) -> list[dict]:
     """Two recorded steps (nanopatch.learning.Step.as_dict)."""
     step = {"optimizer": "SGD", "grads": sorted(grads), "updated": sorted(grads), "zero": [], "nonfinite": []}

@@ -9,7 +9,7 @@ from typing import Any
 import harness as h
 
 from families.frameworks.kit import Clock, param_checksum, process_facts, total_steps
-from families.frameworks.variants import SEED, TEXT_LABELS
+from families.frameworks.variants import LORA, LORA_TARGETS, SEED, TEXT_LABELS
 
 
 def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,6 +74,16 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
             num_labels=TEXT_LABELS,
         )
         model = BertForSequenceClassification(config)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            **LORA,
+            target_modules=LORA_TARGETS[args.hf_model],
+            task_type="CAUSAL_LM" if causal else "SEQ_CLS",
+            fan_in_fan_out=causal,  # GPT-2's projections are Conv1D, (in, out) weights
+        )
+        model = get_peft_model(model, lora)
     probe = h.Probe()
     probe.attach(model, nn.Linear)
     learning = h.Learning(args.learn, [model])
@@ -106,7 +116,9 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         "framework": f"transformers {transformers.__version__}",
         "precision": "bf16" if training_args.bf16 else None,
         "model_size": f"{'GPT-2' if causal else 'BERT'} {args.bert_layers} layers, hidden {hidden}, "
-        f"sequence {args.seq_len}",
+        f"sequence {args.seq_len}" + (", LoRA" if args.lora else ""),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "param_checksum": param_checksum(model),
         "probe": probe.as_dict(),
         **clock.as_dict(),

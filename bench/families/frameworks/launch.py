@@ -34,6 +34,8 @@ def command(variant: Variant, args: argparse.Namespace, out: str, learn: int = 0
     for name in ("steps", "warmup", *TINY):
         worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     worker += ["--hf-model", getattr(args, "hf_model", "bert")]
+    if getattr(args, "lora", False):
+        worker.append("--lora")
     return [sys.executable, *variant.launcher, *worker]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import sys
@@ -18,7 +19,7 @@ from families.frameworks.lightning_script import lightning_worker
 from families.frameworks.summary import summarise
 from families.frameworks.table import VERSIONS, descriptions, print_markdown
 from families.frameworks.timm_script import timm_worker
-from families.frameworks.variants import FULL, GPT2_VOCAB, GROUP_ALIASES, TINY, TRIAL_SPAN, VARIANTS
+from families.frameworks.variants import FULL, GPT2_VOCAB, GROUP_ALIASES, HF_BASE, TINY, TRIAL_SPAN, VARIANTS
 from families.multi_instance.launch import SETTLE_S, run_env
 
 
@@ -55,6 +56,20 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         help="the Hugging Face Trainer's model: BERT for sequence classification, or GPT-2 with its "
         "causal-LM loss and 50257-word vocabulary (default: %(default)s)",
     )
+    parser.add_argument(
+        "--hf-size",
+        choices=("small", "base"),
+        default="small",
+        help="small: the suite's BERT (4 layers, hidden 256, sequence 128); base: the published sizes, "
+        "BERT-base (12 layers, hidden 768, sequence 128) or GPT-2 small (124M parameters: 12 layers, "
+        "hidden 768, sequence 256), built from their configs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="fine-tune the Hugging Face model with LoRA through peft (rank 8 on the attention "
+        "projections, the base weights frozen) instead of all its weights",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     # sizes, for the test suite (--tiny) and the workers
@@ -76,6 +91,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     h.round_defaults(args)
     if args.hf_model == "gpt2" and args.vocab is None and not args.tiny:
         args.vocab = GPT2_VOCAB
+    if args.hf_size == "base" and not args.tiny:
+        for name, value in HF_BASE[args.hf_model].items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    if args.lora and not args.worker and importlib.util.find_spec("peft") is None:
+        parser.error("--lora needs peft (pip install peft)")
     for name, value in (TINY if args.tiny else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

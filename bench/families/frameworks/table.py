@@ -8,7 +8,7 @@ from typing import Any
 import harness as h
 
 from families.frameworks.summary import ran_with
-from families.frameworks.variants import BASELINE, CLASSES, SECOND_BASELINE, UNIT
+from families.frameworks.variants import BASELINE, CLASSES, LORA, LORA_TARGETS, SECOND_BASELINE, UNIT
 
 GROUP_TITLES = {
     "lightning": "A. Lightning: LightningModule(ResNet-18) + Trainer",
@@ -129,6 +129,9 @@ def descriptions(args: argparse.Namespace) -> dict[str, str]:
         if getattr(args, "hf_model", "bert") == "gpt2"
         else "BERT from a BertConfig"
     )
+    if getattr(args, "lora", False):
+        targets = ", ".join(LORA_TARGETS[getattr(args, "hf_model", "bert")])
+        model += f", fine-tuned with peft's LoRA (rank {LORA['r']} on {targets}; the base weights frozen)"
     bert = (
         f"{model}: {args.bert_layers} layers, hidden {args.bert_hidden}, vocabulary {args.vocab}, "
         f"sequence {args.seq_len}, batch {args.text_batch}, generated token ids"

@@ -36,6 +36,14 @@ FULL = {
     "vocab": 30522,
 }
 GPT2_VOCAB = 50257  # --hf-model gpt2 outside --tiny
+#: --hf-size base: BERT-base and GPT-2 small (124M parameters) as published, built from their configs
+HF_BASE = {
+    "bert": {"bert_layers": 12, "bert_hidden": 768, "seq_len": 128, "text_batch": 8},
+    "gpt2": {"bert_layers": 12, "bert_hidden": 768, "seq_len": 256, "text_batch": 8},
+}
+#: --lora: peft's LoRA on each model's attention projections (rank, alpha, dropout)
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}
+LORA_TARGETS = {"bert": ["query", "value"], "gpt2": ["c_attn"]}
 STARTED = time.perf_counter()  # the script's start (for setup_s: imports, data and model building)
 
 
