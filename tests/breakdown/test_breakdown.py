@@ -215,6 +215,36 @@ def test_nproc_is_advised_when_one_process_leaves_cores_idle():
     assert [a["rule"] for a in advice.advise(report(cores_busy=1.2, others_busy=0.2))] == ["nproc"]
 
 
+def test_a_run_on_a_gpu_gets_no_cpu_advice():
+    """A model trained on CUDA (any device but the CPU): no worker, batch or --nproc advice from
+    figures that would give all three on the CPU, and the breakdown says where it trained."""
+    busy = {"data_s": 3.0, "num_workers": 0, "cores_busy": 1.2, "optimizer_s": 3.0}
+    assert rules(**busy, devices=["cpu"]) == ["num_workers", "batch_size", "nproc"]
+    assert rules(**busy, devices=["cuda"]) == []
+    assert rules(**busy, devices=["cpu", "cuda"]) == []
+    line = breakdown.text(report(**busy, devices=["cuda"]))
+    assert line.endswith(
+        "; the model trained on cuda, which nanopatch leaves alone (no advice on CPU processes or DataLoader workers)"
+    )
+    assert "trained on" not in breakdown.text(report(**busy, devices=["cpu"]))
+    meta = torch.optim.SGD([torch.zeros(2, device="meta", requires_grad=True)])
+    assert breakdown.parameter_devices(meta) == {"meta"}
+
+
+def test_the_breakdown_notes_the_device_the_optimizer_steps_on(timed, monkeypatch):
+    """A loop whose loader keeps it waiting would be advised workers on the CPU; with a stand-in
+    that reports its parameters on CUDA, the breakdown names cuda and advises nothing."""
+    model, optimizer = model_and_optimizer()
+    train(DataLoader(Items(32, delay=SLEEP), batch_size=4), model, optimizer)
+    report = nanopatch.status()["breakdown"]
+    assert report["devices"] == ["cpu"] and [a["rule"] for a in report["advice"]] == ["num_workers"]
+    monkeypatch.setattr(breakdown, "parameter_devices", lambda optimizer: {"cuda"})
+    second = torch.optim.SGD(model.parameters(), lr=0.1)  # read once per optimizer: a new one
+    train(DataLoader(Items(8, delay=SLEEP), batch_size=4), model, second)
+    report = nanopatch.status()["breakdown"]
+    assert report["devices"] == ["cpu", "cuda"] and report["advice"] == []
+
+
 def test_the_cores_other_processes_kept_busy_are_measured(timed):
     """A process that spins beside the training loop shows in ``others_busy``."""
     import multiprocessing

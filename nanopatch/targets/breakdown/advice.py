@@ -25,6 +25,11 @@ def advise(report: dict[str, Any]) -> list[dict[str, Any]]:
     if (report.get("steps") or 0) - 1 < MIN_STEPS:
         return []
     found = []
+    if any(device != "cpu" for device in report.get("devices") or ()):
+        # a model that trained on a GPU (any device but the CPU): nanopatch left it alone, its
+        # speed is not the CPU threads' or the loader's to give, and the host-side clock of an
+        # asynchronous device does not split its step: no advice
+        return []
     for rule in (_workers, _batch, _nproc):
         advice = rule(report)
         if advice is not None:

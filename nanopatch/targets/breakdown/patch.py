@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,7 +83,19 @@ class _Meter:
         self.closures = 0.0
         self.machine_first: tuple[int, int] | None = None  # the machine's CPU ticks at training's start
         self.cpu_first = 0.0
+        self.devices: set[str] = set()  # the device types of the parameters the run's optimizers step
+        self.optimizers: weakref.WeakSet = weakref.WeakSet()  # those whose devices are noted
         self.lock = threading.Lock()
+
+    def note_devices(self, optimizer: Any) -> None:
+        """The device types of ``optimizer``'s parameters, read once per optimizer."""
+        try:
+            if optimizer in self.optimizers:
+                return
+            self.optimizers.add(optimizer)
+        except TypeError:  # not weakly referenceable: read it every step (a few attribute reads)
+            pass
+        self.devices.update(parameter_devices(optimizer))
 
     # --- events ---
 
@@ -173,6 +186,7 @@ class _Meter:
                 "cores_busy": self.train_cpu / self.train_wall if self.train_wall > 0 else None,
                 "others_busy": others,
                 "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+                "devices": sorted(self.devices),
             }
 
 
@@ -237,6 +251,19 @@ def _step_pre(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] |
 def _step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
     if _meter is not None and not learning.internal_now():
         _meter.step_ends(time.perf_counter())
+        _meter.note_devices(optimizer)
+
+
+def parameter_devices(optimizer: Any) -> set[str]:
+    """The device types (``cpu``, ``cuda``, ...) of the tensors an optimizer steps: the first
+    parameter of each of its groups."""
+    found = set()
+    for group in getattr(optimizer, "param_groups", ()):
+        for parameter in group.get("params", ())[:1]:
+            device = getattr(parameter, "device", None)
+            if device is not None:
+                found.add(device.type)
+    return found
 
 
 def _instance_step(optimizer: Any) -> None:
@@ -282,4 +309,16 @@ def text(report: dict[str, Any]) -> str:
     parts = ", ".join(f"{label.split(' (')[0]} {report[key]:.1f} s ({report[key] / wall:.0%})" for key, label in PARTS)
     rate = report.get("samples_per_s")
     steps = f"{report['steps']} optimizer step(s)"
-    return f"{report['wall_s']:.1f} s: {parts}; {steps}" + (f", {rate:.1f} samples/s while training" if rate else "")
+    line = f"{report['wall_s']:.1f} s: {parts}; {steps}" + (f", {rate:.1f} samples/s while training" if rate else "")
+    elsewhere = off_cpu(report)
+    if elsewhere:
+        line += (
+            f"; the model trained on {', '.join(elsewhere)}, which nanopatch leaves alone "
+            "(no advice on CPU processes or DataLoader workers)"
+        )
+    return line
+
+
+def off_cpu(report: dict[str, Any]) -> list[str]:
+    """The devices other than the CPU that the run's optimizers stepped parameters on."""
+    return [device for device in report.get("devices") or () if device != "cpu"]
