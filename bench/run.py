@@ -10,13 +10,18 @@ with the machine, the versions, the git commit and the command, to
 ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``, one table per bench)
 and one PNG chart per bench (the speed-up over stock per pipeline or model).
 
-    PYTHONPATH=. python bench/run.py [--quick]
+    PYTHONPATH=. python bench/run.py [--quick] [--server]
                                      [--only decode,transforms,train_step,import_cost,multi_instance,frameworks]
                                      [--ipex-python PATH] [--out bench/results] [--timeout SECONDS] [--readme]
     PYTHONPATH=. python bench/run.py --render bench/results/<file>.json [--readme]
 
-``--quick`` runs every bench's quick mode (and 5 rounds of import_cost): a few minutes on 2 cores, to
-check that everything works, not to quote. ``--render`` rewrites the Markdown and the charts from
+``--server`` runs what a many-core server is measured with (train_step's ResNet-18 and transformer
+stock, by hand and patched with profiles; multi_instance's one process against ``--nproc 4``; the
+Hugging Face Trainer fine-tuning GPT-2 small through LoRA, stock, with its own bf16 and patched:
+``suite/benches.py``'s ``SERVER``), sized for under 8 minutes on 16 cores; its files are named
+``<date>-<hostname>-server``. ``--quick`` runs every bench's quick mode (and 5 rounds of
+import_cost): a few minutes on 2 cores, to check that everything works, not to quote.
+``--render`` rewrites the Markdown and the charts from
 an existing JSON without running anything; ``--readme`` prints a compact Markdown table for the
 project README (one row per bench and pipeline or model: stock's rate and nanopatch's speed-ups).
 Ratios are always speed-ups: above 1.00x is faster than stock (for import_cost, stock's start-up
@@ -38,7 +43,7 @@ from pathlib import Path
 import harness as h  # bench/ is this script's folder, first on sys.path
 from report.readme import readme_table
 from report.render import render
-from suite.benches import BENCH_DIR, BENCHES, Bench
+from suite.benches import BENCH_DIR, BENCHES, SERVER, Bench
 from suite.runner import display_path, run
 
 
@@ -47,6 +52,12 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="every bench's quick mode: a few minutes in all")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help=f"a many-core server's run: {', '.join(SERVER)} at server sizes, under 8 minutes on 16 cores "
+        "(with --quick: their quick modes)",
+    )
     parser.add_argument("--only", help=f"comma-separated, of {', '.join(benches)} (default: all that exist)")
     parser.add_argument(
         "--ipex-python", help="interpreter with intel-extension-for-pytorch, for train_step's ipex variant"
@@ -62,6 +73,8 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     args = parser.parse_args(argv)
     if args.only is not None:
         args.only = h.parse_names(args.only, benches, "--only", parser)
+    elif args.server:
+        args.only = [name for name in SERVER if name in benches]
     if args.render:
         path = Path(args.render)
         try:

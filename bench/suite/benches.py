@@ -25,6 +25,27 @@ class Options:
 
     quick: bool = False
     ipex_python: str | None = None
+    server: bool = False  # bench/run.py --server: SERVER's families at server sizes
+
+
+#: ``bench/run.py --server``: what a many-core server is measured with, each family's options (its
+#: quick mode added under ``--quick``). Sized to finish within 8 minutes on a 16-core Xeon with
+#: AMX (from the 2026-11-27 figures there: ResNet-18 stock 0.56 s a step, the transformer 1 s,
+#: GPT-2 small through LoRA about 4 s stock and 1.5 s patched): the train_step models stock, by
+#: hand and patched with a profile of each; one process against --nproc 4; the Hugging Face
+#: Trainer fine-tuning GPT-2 small (124M parameters) through LoRA, stock, with the Trainer's own
+#: bf16, and patched.
+SERVER: dict[str, list[str]] = {
+    "train_step": [
+        "--models", "resnet18,transformer", "--variants", "stock,by-hand,patched", "--rounds", "2",
+        "--steps", "3", "--profile", "2",
+    ],
+    "multi_instance": ["--variants", "stock,tuned,nproc", "--nproc", "4", "--rounds", "2"],
+    "frameworks": [
+        "--variants", "hf-stock,hf-bf16,hf-nanopatch", "--hf-model", "gpt2", "--hf-size", "base", "--lora",
+        "--rounds", "1", "--steps", "3",
+    ],
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,16 +101,27 @@ def frameworks_label(variant: str) -> str:
     return re.sub(r"^(ddp|hf|timm)-", "", variant)
 
 
-def _quick(options: Options) -> list[str]:
-    return ["--quick"] if options.quick else []
+def server_args(name: str, quick: bool) -> list[str]:
+    """A family's options under ``--server``; with ``--quick`` (a check that it all works, in a
+    few minutes on 2 cores) GPT-2 at the frameworks bench's small size instead of GPT-2 small."""
+    found = list(SERVER.get(name, []))
+    if quick and "--hf-size" in found:
+        at = found.index("--hf-size")
+        del found[at : at + 2]
+    return found
+
+
+def _quick(options: Options, name: str = "") -> list[str]:
+    """``--quick`` where asked, and the family's server options under ``--server``."""
+    return (["--quick"] if options.quick else []) + (server_args(name, options.quick) if options.server else [])
 
 
 def json_to_stdout(options: Options, _: Path) -> list[str]:
     return [*_quick(options), "--json"]
 
 
-def json_to_file(options: Options, path: Path) -> list[str]:
-    return [*_quick(options), "--json", str(path)]
+def json_to_file(options: Options, path: Path, name: str = "") -> list[str]:
+    return [*_quick(options, name), "--json", str(path)]
 
 
 BENCHES: dict[str, Bench] = {
@@ -118,7 +150,10 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "train_step.py",
             title="Training step: stock PyTorch against nanopatch's training patch",
             group_label="model",
-            args=lambda o, path: [*(["--ipex-python", o.ipex_python] if o.ipex_python else []), *json_to_file(o, path)],
+            args=lambda o, path: [
+                *(["--ipex-python", o.ipex_python] if o.ipex_python else []),
+                *json_to_file(o, path, "train_step"),
+            ],
             json_to="file",
             about="samples/s of a full training step with torch's default threads; stock = nanopatch not imported",
             readme={"patched": "patched", "compile": "compile", "ipex": "IPEX"},
@@ -128,7 +163,7 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "multi_instance.py",
             title="Several training instances on one machine",
             group_label="model",
-            args=json_to_file,
+            args=lambda o, path: json_to_file(o, path, "multi_instance"),
             json_to="file",
             about="total samples/s; stock = plain python, nanopatch not imported",
         ),
@@ -137,7 +172,7 @@ BENCHES: dict[str, Bench] = {
             script=BENCH_DIR / "frameworks.py",
             title="Framework training code: Lightning, Hugging Face Trainer, timm",
             group_label="framework",
-            args=json_to_file,
+            args=lambda o, path: json_to_file(o, path, "frameworks"),
             label=frameworks_label,
             json_to="file",
             about="samples/s of the training steps of unmodified framework scripts; stock = plain python",

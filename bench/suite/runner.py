@@ -235,7 +235,8 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
     out_dir.mkdir(parents=True, exist_ok=True)
     start = dt.datetime.now().astimezone()
     started = time.monotonic()
-    options = Options(quick=args.quick, ipex_python=args.ipex_python)
+    server = bool(getattr(args, "server", False))
+    options = Options(quick=args.quick, ipex_python=args.ipex_python, server=server)
     names = list(benches) if args.only is None else args.only
     selected = [benches[n] for n in names if benches[n].script.exists()]
     skipped = {
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
     for name, why in skipped.items():
         print(f"{name}: {why}", file=sys.stderr)
     facts = machine_facts()
-    stem = results_stem(out_dir, start, facts["machine"]["hostname"])
+    stem = results_stem(out_dir, start, facts["machine"]["hostname"] + ("-server" if server else ""))
     json_path = out_dir / f"{stem}.json"
     results: dict[str, Any] = {
         "schema": SCHEMA,
@@ -252,6 +253,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
         "argv": list(argv),
         "python_executable": sys.executable,
         "quick": args.quick,
+        "server": server,
         "started": start.isoformat(timespec="seconds"),
         "duration_s": None,
         "complete": False,

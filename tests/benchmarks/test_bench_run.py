@@ -265,6 +265,33 @@ def test_bench_command_lines(tmp_path):
         assert benches[name].script.exists(), name
 
 
+def test_server_command_lines(tmp_path):
+    """``--server``: train_step, multi_instance and frameworks at server sizes; with ``--quick``
+    their quick modes, GPT-2 at the small size."""
+    server, quick = suite_benches.Options(server=True), suite_benches.Options(server=True, quick=True)
+    out = tmp_path / "out.json"
+    benches = suite_benches.BENCHES
+    assert benches["train_step"].args(server, out) == [*suite_benches.SERVER["train_step"], "--json", str(out)]
+    assert benches["multi_instance"].args(server, out)[:6] == [
+        "--variants", "stock,tuned,nproc", "--nproc", "4", "--rounds", "2"
+    ][:6]  # fmt: skip
+    full = benches["frameworks"].args(server, out)
+    assert full[full.index("--hf-size") + 1] == "base" and "--lora" in full
+    checked = benches["frameworks"].args(quick, out)
+    assert checked[0] == "--quick" and "--hf-size" not in checked and "--lora" in checked
+    assert benches["decode"].args(server, out) == ["--json"]  # not a server family: unchanged
+
+
+def test_server_runs_the_server_families_and_names_its_files(tmp_path, quick_facts):
+    registry = {name: fake_bench(tmp_path, name, GOOD) for name in ("decode", *suite_benches.SERVER)}
+    out = tmp_path / "results"
+    assert run.main(["--server", "--quick", "--out", str(out)], benches=registry) == 0
+    (path,) = out.glob("*.json")
+    results = json.loads(path.read_text())
+    assert path.stem.endswith("-server") and results["server"] is True and results["quick"] is True
+    assert list(results["benches"]) == list(suite_benches.SERVER)
+
+
 def test_parse_json_output_skips_lines_before_it():
     assert suite_runner.parse_json_output('{"a": 1}\n') == {"a": 1}
     assert suite_runner.parse_json_output('a note\n{"a": [1,\n 2]}\n') == {"a": [1, 2]}
