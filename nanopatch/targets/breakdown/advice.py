@@ -25,7 +25,7 @@ def advise(report: dict[str, Any]) -> list[dict[str, Any]]:
     if (report.get("steps") or 0) - 1 < MIN_STEPS:
         return []
     found = []
-    if any(device != "cpu" for device in report.get("devices") or ()):
+    if off_cpu(report):
         # a model that trained on a GPU (any device but the CPU): nanopatch left it alone, its
         # speed is not the CPU threads' or the loader's to give, and the host-side clock of an
         # asynchronous device does not split its step: no advice
@@ -35,6 +35,11 @@ def advise(report: dict[str, Any]) -> list[dict[str, Any]]:
         if advice is not None:
             found.append(advice)
     return found
+
+
+def off_cpu(report: dict[str, Any]) -> list[str]:
+    """The devices other than the CPU that the run's optimizers stepped parameters on."""
+    return [device for device in report.get("devices") or () if device != "cpu"]
 
 
 def _training_s(report: dict[str, Any]) -> float:

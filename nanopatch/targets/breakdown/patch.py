@@ -310,6 +310,8 @@ def text(report: dict[str, Any]) -> str:
     rate = report.get("samples_per_s")
     steps = f"{report['steps']} optimizer step(s)"
     line = f"{report['wall_s']:.1f} s: {parts}; {steps}" + (f", {rate:.1f} samples/s while training" if rate else "")
+    from .advice import off_cpu
+
     elsewhere = off_cpu(report)
     if elsewhere:
         line += (
@@ -317,8 +319,3 @@ def text(report: dict[str, Any]) -> str:
             "(no advice on CPU processes or DataLoader workers)"
         )
     return line
-
-
-def off_cpu(report: dict[str, Any]) -> list[str]:
-    """The devices other than the CPU that the run's optimizers stepped parameters on."""
-    return [device for device in report.get("devices") or () if device != "cpu"]
