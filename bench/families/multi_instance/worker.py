@@ -14,6 +14,8 @@ from pathlib import Path
 
 import harness as h
 
+from families.train_step.worker import MAX_TRIAL_STEPS, measuring  # bench/ is the script's folder, first on sys.path
+
 SEED = 20250
 CLASSES = 1000
 DATASET_BATCHES = 8  # batches in the synthetic data set (a multiple of every --nproc tried: no partial shards)
@@ -46,6 +48,21 @@ def thread_cpus() -> dict[str, list[str]]:
             continue
         found.setdefault(cpus, []).append(name)
     return {cpus: sorted(names) for cpus, names in sorted(found.items())}
+
+
+def still_measuring() -> bool:
+    """Whether nanopatch, if this script runs under it, still measures bf16 against fp32 for a
+    model, in any rank of a process group."""
+    measuring_here = measuring()
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return measuring_here
+    import torch
+
+    flag = torch.tensor([int(measuring_here)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -91,6 +108,13 @@ def worker_main(args: argparse.Namespace) -> int:
             learning.after_step()
     for _ in range(args.warmup):
         step()
+    # the steps nanopatch spends measuring bf16 against fp32 (at most 16) are warm-up too: timed,
+    # they would mix fp32 steps into the rate of what it chose. Ranks agree on the count, or the
+    # one that stopped first would wait for the others' gradients for ever.
+    trial_steps = 0
+    while trial_steps < MAX_TRIAL_STEPS and still_measuring():
+        step()
+        trial_steps += 1
     warmed = time.perf_counter()
     step_s = []
     cpu_start = time.process_time()
@@ -119,6 +143,7 @@ def worker_main(args: argparse.Namespace) -> int:
         "loss": loss,
         "setup_s": built - started,
         "warmup_s": warmed - built,
+        "trial_steps": trial_steps,
         "learning_steps": args.learn,
         "learning": learning.record,
         "threads": torch.get_num_threads(),
