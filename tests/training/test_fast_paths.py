@@ -61,6 +61,80 @@ def test_fill_bernoulli_is_reproducible_from_the_seed_and_fills_strided_tensors(
     assert torch.equal(dropout.fill_bernoulli(torch.empty(64, 128), 0.7, g), a)
 
 
+@pytest.fixture
+def hashed(monkeypatch):
+    """Masks of any size draw their words through the counter hash, as where it measured faster."""
+    monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): (True, 1.0, 0.1)})
+    monkeypatch.setattr(dropout, "HASH_MIN_WORDS", 1)
+
+
+def _splitmix64(counter, key):
+    z = (counter * 0x9E3779B97F4A7C15 + key) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    z ^= z >> 31
+    return z - 2**64 if z >= 2**63 else z
+
+
+@pytest.mark.parametrize("key", [0, 1, 2**62 + 12345, -(2**63), -987654321])
+def test_hash_words_are_splitmix64_of_the_counters(key):
+    words = dropout.hash_words(300, key).tolist()
+    assert words == [_splitmix64(i, key % 2**64) for i in range(1, 301)]
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_hashed_masks_have_the_distribution_of_bernoulli(hashed, p):
+    n = 1 << 20
+    torch.manual_seed(0)
+    mask = dropout.fill_bernoulli(torch.empty(n), p)
+    expected = round(p * 65536) / 65536
+    sigma = math.sqrt(expected * (1 - expected) / n)
+    assert abs(mask.mean().item() - expected) < 5 * sigma
+    for lag in (1, 2, 3, 4, 5, 64):  # lanes of one word, of neighbouring words, and further
+        both = (mask[:-lag] * mask[lag:]).mean().item()
+        assert abs(both - expected**2) < 5 * math.sqrt(expected**2 * (1 - expected**2) / n), lag
+    lanes = mask.view(-1, 4).mean(0)  # each of a word's four lanes alike
+    assert (lanes - expected).abs().max().item() < 5 * math.sqrt(expected * (1 - expected) / (n // 4))
+
+
+def test_hashed_masks_are_reproducible_from_the_seed_and_differ_between_draws(hashed):
+    torch.manual_seed(3)
+    a = dropout.fill_bernoulli(torch.empty(64, 128), 0.7)
+    b = dropout.fill_bernoulli(torch.empty(64, 128), 0.7)
+    torch.manual_seed(3)
+    assert torch.equal(dropout.fill_bernoulli(torch.empty(128, 64).t(), 0.7), a)
+    assert not torch.equal(a, b)  # each mask's key is a new draw
+    g = torch.Generator().manual_seed(3)
+    assert torch.equal(dropout.fill_bernoulli(torch.empty(64, 128), 0.7, g), a)
+
+
+def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch):
+    threads = torch.get_num_threads()
+    for generator_s, hash_s, uses in [(0.010, 0.001, True), (0.010, 0.0067, True), (0.010, 0.008, False)]:
+        timings = iter([generator_s, hash_s])
+        monkeypatch.setattr(dropout, "_best", lambda draw, timings=timings: next(timings))
+        monkeypatch.setattr(dropout, "chosen", {})
+        assert dropout.hash_method() is uses
+        assert dropout.hash_method() is uses  # measured once per thread count
+        assert list(dropout.chosen) == [threads]
+        assert dropout.method_note().startswith("counter hash" if uses else "torch generator")
+    # small masks draw from the generator whatever was chosen
+    monkeypatch.setattr(dropout, "chosen", {threads: (True, 1.0, 0.1)})
+    torch.manual_seed(5)
+    small = dropout.draw_words(dropout.HASH_MIN_WORDS - 1)
+    torch.manual_seed(5)
+    assert torch.equal(small, torch.empty_like(small).random_(-(2**63), None))
+
+
+def test_measuring_the_hash_leaves_the_runs_random_stream_alone(monkeypatch):
+    monkeypatch.setattr(dropout, "chosen", {})
+    torch.manual_seed(7)
+    dropout.hash_method()  # measures, with generators of its own
+    after = torch.rand(4)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(4), after)
+
+
 @pytest.mark.parametrize(
     "tensor, p",
     [
@@ -121,6 +195,16 @@ def test_dropout_in_an_accelerated_training_forward_uses_the_fast_masks(monkeypa
         model(x)
         F.dropout(torch.randn(64, 64), 0.5, training=True)
     assert calls == []
+
+
+def test_the_summary_says_when_masks_were_hashed(hashed):
+    x = torch.randn(128, 64)
+    earlier = plans_alive_now()
+    with nanopatch.patched(bf16=False, ipex=False):
+        _one_step(Seq(), x)
+        [plan] = [p for p in training_details() if p not in earlier]
+        assert plan["fast_dropout"] is True and plan["dropout_words"].startswith("counter hash (0.10 ms")
+        assert "fast dropout masks (hashed on all threads)" in training_patch.summary()[0]
 
 
 def test_fast_dropout_off_gives_stocks_masks():
@@ -192,7 +276,11 @@ def train_transformer(data, epochs=6):
     return train_and_score(data, epochs, TinyClassifier, lambda params: torch.optim.AdamW(params, lr=3e-3))
 
 
-def test_a_transformer_with_dropout_learns_as_in_fp32_with_the_fast_paths_on(monkeypatch):
+@pytest.mark.parametrize("words", ["generator", "hash"])
+def test_a_transformer_with_dropout_learns_as_in_fp32_with_the_fast_paths_on(monkeypatch, words):
+    if words == "hash":
+        monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): (True, 1.0, 0.1)})
+        monkeypatch.setattr(dropout, "HASH_MIN_WORDS", 1)
     calls = []
     real = dropout.fill_bernoulli
     monkeypatch.setattr(dropout, "fill_bernoulli", lambda t, p, g=None: calls.append(1) or real(t, p, g))

@@ -13,7 +13,9 @@ the same generator cut into four 16-bit lanes: an element is 1 when its lane fal
 ``round(p * 65536)`` of the 65536 values. The mask has the distribution stock's has, with the
 probability rounded to 1/65536 (``p=0.9`` becomes 0.899994); it is not the same random stream,
 so a patched run's masks differ from stock's (as bf16 makes its numbers differ), and a seed
-still reproduces a run. Everywhere else, and for masks with ``p`` closer than 1/1024 to 0 or 1,
+still reproduces a run. Large masks take their 64-bit values from a counter hash computed on
+all of torch's threads instead, where that measured clearly faster than the generator's one
+thread (:func:`draw_words`). Everywhere else, and for masks with ``p`` closer than 1/1024 to 0 or 1,
 small tensors, a generator that is not the CPU's, the call goes on to the CPU kernel unchanged.
 ``fast_dropout=False`` turns it off.
 
@@ -27,6 +29,8 @@ gradient before that operator is lost.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 import torch
@@ -61,13 +65,121 @@ def eligible(tensor: torch.Tensor, p: Any, generator: Any) -> bool:
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, generator: Any = None) -> torch.Tensor:
     """A bool tensor of ``shape``, each element True with probability ``p`` rounded to 1/65536,
-    drawn four elements per 64-bit value of ``generator`` (the default CPU generator when None)."""
+    drawn four elements per 64-bit random value (:func:`draw_words`, from ``generator``: the
+    default CPU generator when None)."""
     n = torch.Size(shape).numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64)
-    words.random_(-(2**63), None, generator=generator)
-    lanes = words.view(torch.int16)[:n]
+    lanes = draw_words((n + 3) // 4, generator).view(torch.int16)[:n]
     below = round(p * _LANES) - _LANES // 2  # P(lane < below) = round(p * 65536) / 65536
     return torch.lt(lanes, below).view(shape)
+
+
+# --- the random words: torch's generator, or a counter hash on torch's threads ---------------
+
+#: masks of fewer 64-bit words than this draw them from the generator (the hash's dozen
+#: operator calls would cost more than they save)
+HASH_MIN_WORDS = 1 << 16
+#: the words each method draws, timed, to choose between them (once per process and thread count)
+CALIBRATION_WORDS = 1 << 18
+#: the hash is chosen where it drew the calibration's words in at most this share of the generator's
+#: time: a clear win, so that a machine on which the two are close keeps one choice from run to run
+HASH_WINS_BELOW = 0.67
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# SplitMix64 (Steele, Lea and Flood, 2014; the seeding generator of xoshiro): a counter times an
+# odd constant plus a key, through three xor-shift-multiply rounds. int64 arithmetic wraps as
+# uint64's does; a logical shift is an arithmetic one with the sign bits masked off.
+_GAMMA = _int64(0x9E3779B97F4A7C15)
+_MIX1 = _int64(0xBF58476D1CE4E5B9)
+_MIX2 = _int64(0x94D049BB133111EB)
+
+
+def hash_words(count: int, key: int) -> torch.Tensor:
+    """SplitMix64's outputs for counters 1..``count`` from the 64-bit ``key`` (as int64), computed
+    by torch's element-wise operators: on all of its intra-op threads, where torch's generator
+    draws in one."""
+    words = torch.arange(1, count + 1, dtype=torch.int64)
+    words.mul_(_GAMMA).add_(key)
+    _xor_shift(words, 30)
+    words.mul_(_MIX1)
+    _xor_shift(words, 27)
+    words.mul_(_MIX2)
+    _xor_shift(words, 31)
+    return words
+
+
+def _xor_shift(words: torch.Tensor, shift: int) -> None:
+    shifted = torch.bitwise_right_shift(words, shift)
+    shifted.bitwise_and_((1 << (64 - shift)) - 1)
+    words.bitwise_xor_(shifted)
+
+
+def _generator_words(count: int, generator: Any) -> torch.Tensor:
+    return torch.empty(count, dtype=torch.int64).random_(-(2**63), None, generator=generator)
+
+
+def draw_words(count: int, generator: Any = None) -> torch.Tensor:
+    """``count`` uniformly random int64 values. Torch's CPU generator draws them in one thread
+    whatever the tensor's size: on a 16-core AMX Xeon the transformer's 24 dropout masks took a
+    third of its training step there (``aten::random_``). Where :func:`hash_method` measured it
+    clearly faster on this process's threads, a large mask's words are instead a counter hash
+    (:func:`hash_words`) under a key drawn from ``generator``, so a seed still reproduces them."""
+    if count < HASH_MIN_WORDS or not hash_method():
+        return _generator_words(count, generator)
+    key = int(_generator_words(1, generator).item())
+    return hash_words(count, key)
+
+
+_lock = threading.Lock()
+#: torch's intra-op thread count -> (whether the hash draws, generator ms, hash ms), as measured
+chosen: dict[int, tuple[bool, float, float]] = {}
+
+
+def hash_method() -> bool:
+    """Whether large masks draw their words through :func:`hash_words` at this process's
+    intra-op thread count: measured once per count, on :data:`CALIBRATION_WORDS` words drawn by
+    each method (the best of three each, from a generator of its own, so the run's random stream
+    is untouched)."""
+    threads = torch.get_num_threads()
+    found = chosen.get(threads)
+    if found is None:
+        with _lock:
+            found = chosen.get(threads)
+            if found is None:
+                found = chosen[threads] = _calibrate()
+    return found[0]
+
+
+def _calibrate() -> tuple[bool, float, float]:
+    own = torch.Generator().manual_seed(0)
+    generator_s = _best(lambda: _generator_words(CALIBRATION_WORDS, own))
+    hash_s = _best(lambda: hash_words(CALIBRATION_WORDS, 1))
+    return hash_s <= HASH_WINS_BELOW * generator_s, 1000 * generator_s, 1000 * hash_s
+
+
+def _best(draw: Any, times: int = 3) -> float:
+    draw()  # the first call pays for first use (pages, thread start)
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        draw()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def method_note() -> str | None:
+    """How large masks drew their words in this process, for the summary (None: not measured)."""
+    found = chosen.get(torch.get_num_threads())
+    if found is None:
+        return None
+    uses, generator_ms, hash_ms = found
+    return (
+        f"{'counter hash' if uses else 'torch generator'} "
+        f"({hash_ms:.2f} ms against the generator's {generator_ms:.2f} per {CALIBRATION_WORDS} words)"
+    )
 
 
 def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> torch.Tensor:

@@ -129,9 +129,17 @@ class Plan:
             "computed_in": self.computed_in,
             "autocast": self.autocast,
             "fast_dropout": self.fast_dropout,
+            "dropout_words": self._dropout_words(),
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
             "compile_choice": "measuring" if self.compile_trial is not None else self.compile_choice,
         }
+
+    def _dropout_words(self) -> str | None:
+        if not self.fast_dropout:
+            return None
+        from . import dropout
+
+        return dropout.method_note()
 
     def summary(self) -> str:
         """One line: what this model ran with."""
@@ -146,7 +154,10 @@ class Plan:
         if self.ipex:
             parts.append("IPEX")
         if self.fast_dropout:
-            parts.append("fast dropout masks")
+            from . import dropout  # the mask kernel's module imports this one
+
+            hashed = dropout.chosen.get(torch.get_num_threads(), (False,))[0]
+            parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         parts.extend(note for note in self.notes if note.endswith(" step"))
