@@ -256,10 +256,15 @@ def not_accelerated_parts(
             parts.append(
                 f"torch.compile (compile=auto) for {model['model']}: {choice[len('eager: ') :]}, so it ran eagerly"
             )
-        elif choice == "measuring":
+        elif choice == "waiting":
             parts.append(
                 f"torch.compile (compile=auto) for {model['model']}: not tried; the run ended before it had spent "
                 "as long in eager steps as compiling was expected to take"
+            )
+        elif choice == "measuring":
+            parts.append(
+                f"torch.compile (compile=auto) for {model['model']}: undecided; the run ended while compiled and "
+                "eager steps were still being compared"
             )
     for entry in report.get("models", []):
         if not entry.get("model"):

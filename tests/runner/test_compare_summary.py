@@ -138,7 +138,8 @@ def test_bf16_measured_slower_says_so():
             "eager: measured slower: compiled 3300 ms, eager 2900 ms per step (fastest of 3 each), 55 s to compile",
             "torch.compile (compile=auto) for ResNet: measured slower: compiled 3300 ms, eager 2900 ms per step",
         ),
-        ("measuring", "torch.compile (compile=auto) for ResNet: not tried; the run ended before"),
+        ("waiting", "torch.compile (compile=auto) for ResNet: not tried; the run ended before"),
+        ("measuring", "torch.compile (compile=auto) for ResNet: undecided; the run ended while compiled and eager"),
         ("compiled: measured faster: compiled 70 ms, eager 100 ms per step", None),
     ],
 )

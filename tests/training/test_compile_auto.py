@@ -25,13 +25,22 @@ def cache(tmp_path, monkeypatch):
 
 
 def drive(
-    trial: compile_choice.CompileTrial, plan: Plan, eager_ms: float, compiled_ms: float, compile_s=5.0, limit=200
+    trial: compile_choice.CompileTrial,
+    plan: Plan,
+    eager_ms: float,
+    compiled_ms: float,
+    compile_s=5.0,
+    limit=200,
+    states: list | None = None,
 ):
-    """Step ``plan`` through its trial with fixed iteration times; the modes each iteration ran."""
+    """Step ``plan`` through its trial with fixed iteration times; the modes each iteration ran
+    (and, into ``states``, what ``status()`` said of the choice before each)."""
     plan.compile_trial = trial
     now, modes = 0.0, []
     trial.on_step(plan, now)  # the first step's end: nothing timed yet
     while plan.compile_trial is not None and len(modes) < limit:
+        if states is not None:
+            states.append(plan.describe()["compile_choice"])
         compiled = bool(plan.compile_mode)
         first = compiled and trial.phase == "compiling"
         modes.append("compile" if first else ("compiled" if compiled else "eager"))
@@ -44,10 +53,13 @@ def drive(
 def test_compiled_is_kept_only_where_it_measured_faster(cache, compiled_ms, kept):
     plan = Plan(name="M")
     trial = compile_choice.CompileTrial(key="k", prior_compile_s=0.95, min_steps=4)
-    modes = drive(trial, plan, eager_ms=100, compiled_ms=compiled_ms)
+    states = []
+    modes = drive(trial, plan, eager_ms=100, compiled_ms=compiled_ms, states=states)
     # eager until the run has spent the expected compile time (and min_steps), then compile
     # once, then eager and compiled alternate until each has `rounds` timings
     assert modes[:10] == ["eager"] * 10 and modes[10] == "compile"
+    # status() says "waiting" before the compile, "measuring" from it to the decision
+    assert states == ["waiting"] * 10 + ["measuring"] * (len(modes) - 10)
     assert modes[11:] == ["eager", "compiled"] * 3
     assert trial.compile_s == pytest.approx(5.0 + (compiled_ms - 100) / 1e3)
     assert (plan.compile_mode == "default") is kept and plan.compile_trial is None
@@ -68,7 +80,7 @@ def test_a_short_run_never_compiles():
     for step in range(21):
         trial.on_step(plan, float(step))
         assert plan.compile_mode is False
-    assert plan.describe()["compile_choice"] == "measuring" and trial.phase == "eager"
+    assert plan.describe()["compile_choice"] == "waiting" and trial.phase == "eager"
 
 
 def test_a_tie_within_the_noise_keeps_eager():
@@ -191,7 +203,7 @@ def test_auto_falls_back_to_eager_on_a_compile_error_without_a_warning(monkeypat
 def test_a_real_20_step_script_is_not_compiled():
     plan, described, losses = train_auto(20)
     assert plan.compiled is None and plan.compile_mode is False
-    assert described["compile_choice"] == "measuring"
+    assert described["compile_choice"] == "waiting"
     assert losses[-1] < losses[0]
 
 

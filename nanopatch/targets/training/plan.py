@@ -131,8 +131,15 @@ class Plan:
             "fast_dropout": self.fast_dropout,
             "dropout_words": self._dropout_words(),
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
-            "compile_choice": "measuring" if self.compile_trial is not None else self.compile_choice,
+            "compile_choice": self._compile_state(),
         }
+
+    def _compile_state(self) -> str | None:
+        """compile="auto"'s decision; while there is none, "waiting" (eager steps until they have
+        cost the compile time expected) or "measuring" (compiled and eager steps compared)."""
+        if self.compile_trial is None:
+            return self.compile_choice
+        return "waiting" if self.compile_trial.phase == "eager" else "measuring"
 
     def _dropout_words(self) -> str | None:
         if not self.fast_dropout:
