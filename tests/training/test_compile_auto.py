@@ -216,3 +216,22 @@ def train_auto(steps: int):
         losses = train(model, optimizer, steps)
         plan = training.plans[model]
         return plan, plan.describe(), losses
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "margin", "verdict"),
+    [
+        ([1.0, 1.0], [2.0, 2.0], 0.0, "faster"),  # no noise: any difference counts
+        ([2.0, 2.0], [1.0, 1.0], 0.0, "slower"),
+        ([1.0, 1.0], [1.0, 1.0], 0.0, "within"),
+        ([0.9, 1.5, 1.5], [1.0, 1.0, 1.0], 0.0, "within"),  # 10% faster, but its own spread is 67%
+        ([0.9, 0.9, 0.9], [1.0, 1.0, 1.0], 0.2, "within"),  # 10% faster, under the 20% margin
+        ([0.7, 0.7, 0.7], [1.0, 1.0, 1.0], 0.2, "faster"),
+    ],
+)
+def test_the_bf16_and_compile_measurements_share_one_noise_rule(first, second, margin, verdict):
+    from nanopatch.targets.training.plan import beyond_noise, spread
+
+    said, noise = beyond_noise(first, second, margin)
+    assert said == verdict
+    assert noise == max(spread(first), spread(second), margin)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .plan import spread
+from .plan import beyond_noise
 
 logger = logging.getLogger("nanopatch")
 
@@ -217,16 +217,15 @@ class CompileTrial:
         counted = min(len(v) for v in self.times.values())
         if counted >= self.rounds:
             compiled, eager = min(self.times[True]), min(self.times[False])
-            noise = max(spread(self.times[True]), spread(self.times[False]), self.margin)
-            clear = compiled < eager * (1 - noise) or compiled > eager * (1 + noise)
-            if clear or counted >= self.max_rounds:
+            verdict, noise = beyond_noise(self.times[True], self.times[False], self.margin)
+            if verdict != "within" or counted >= self.max_rounds:
                 figures = (
                     f"compiled {compiled * 1e3:.0f} ms, eager {eager * 1e3:.0f} ms per step "
                     f"(fastest of {counted} each), {self.compile_s:.0f} s to compile"
                 )
-                if compiled < eager * (1 - noise):
+                if verdict == "faster":
                     self.decide(plan, True, f"measured faster: {figures}", compiled=compiled, eager=eager)
-                elif clear:
+                elif verdict == "slower":
                     self.decide(plan, False, f"measured slower: {figures}", compiled=compiled, eager=eager)
                 else:
                     self.decide(

@@ -183,6 +183,20 @@ def spread(samples: list[float]) -> float:
     return (statistics.median(samples) - fastest) / fastest if fastest > 0 else 0.0
 
 
+def beyond_noise(first: list[float], second: list[float], margin: float = 0.0) -> tuple[str, float]:
+    """Whether the fastest of ``first`` is ``"faster"`` or ``"slower"`` than the fastest of
+    ``second`` by more than the timings' noise (the larger :func:`spread` of the two, at least
+    ``margin``), or ``"within"`` it; and that noise. The one rule of the bf16 and compile
+    measurements."""
+    fastest, other = min(first), min(second)
+    noise = max(spread(first), spread(second), margin)
+    if fastest < other * (1 - noise):
+        return "faster", noise
+    if fastest > other * (1 + noise):
+        return "slower", noise
+    return "within", noise
+
+
 def trial_for(model: nn.Module) -> Trial:
     """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
     depends on the CPU as much as on the model (small convolutions on small images can run slower
@@ -247,9 +261,7 @@ class Trial:
         return max(spread(self.times[True]), spread(self.times[False]))
 
     def _beyond_noise(self) -> bool:
-        bf16, fp32 = self._fastest()
-        noise = self._noise()
-        return bf16 < fp32 * (1 - noise) or bf16 > fp32 * (1 + noise)
+        return beyond_noise(self.times[True], self.times[False])[0] != "within"
 
     def _decide(self, plan: Plan) -> None:
         bf16, fp32 = self._fastest()
