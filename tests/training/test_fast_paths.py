@@ -108,12 +108,19 @@ def test_hashed_masks_are_reproducible_from_the_seed_and_differ_between_draws(ha
     assert torch.equal(dropout.fill_bernoulli(torch.empty(64, 128), 0.7, g), a)
 
 
-def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch):
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    return tmp_path / dropout.RECORD_FILE
+
+
+def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch, cache):
     threads = torch.get_num_threads()
     for generator_s, hash_s, uses in [(0.010, 0.001, True), (0.010, 0.0067, True), (0.010, 0.008, False)]:
         timings = iter([generator_s, hash_s])
         monkeypatch.setattr(dropout, "_best", lambda draw, timings=timings: next(timings))
         monkeypatch.setattr(dropout, "chosen", {})
+        cache.unlink(missing_ok=True)
         assert dropout.hash_method() is uses
         assert dropout.hash_method() is uses  # measured once per thread count
         assert list(dropout.chosen) == [threads]
@@ -126,7 +133,27 @@ def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch):
     assert torch.equal(small, torch.empty_like(small).random_(-(2**63), None))
 
 
-def test_measuring_the_hash_leaves_the_runs_random_stream_alone(monkeypatch):
+def test_later_runs_on_the_machine_use_the_method_measured_first(monkeypatch, cache):
+    timings = iter([0.010, 0.001])
+    monkeypatch.setattr(dropout, "_best", lambda draw: next(timings))
+    monkeypatch.setattr(dropout, "chosen", {})
+    assert dropout.hash_method() is True
+    [(key, record)] = json.loads(cache.read_text()).items()
+    assert key.endswith(f"|{torch.get_num_threads()} threads") and torch.__version__ in key
+    assert record == {"hash": True, "generator_ms": 10.0, "hash_ms": 1.0}
+    # a later process (nothing measured in it yet) reads the record instead of measuring
+    monkeypatch.setattr(dropout, "chosen", {})
+    monkeypatch.setattr(dropout, "_best", lambda draw: pytest.fail("measured again"))
+    assert dropout.hash_method() is True
+    assert dropout.method_note() == "counter hash (1.00 ms against the generator's 10.00 per 262144 words)"
+    # a record it cannot read is measured again
+    cache.write_text("{not json")
+    monkeypatch.setattr(dropout, "chosen", {})
+    monkeypatch.setattr(dropout, "_best", lambda draw: 0.005)
+    assert dropout.hash_method() is False
+
+
+def test_measuring_the_hash_leaves_the_runs_random_stream_alone(monkeypatch, cache):
     monkeypatch.setattr(dropout, "chosen", {})
     torch.manual_seed(7)
     dropout.hash_method()  # measures, with generators of its own

@@ -85,19 +85,19 @@ def model_key(model: torch.nn.Module, mode: str) -> str:
     )
 
 
-def read_record(key: str) -> dict[str, Any] | None:
+def read_record(key: str, file: str = RECORD_FILE) -> dict[str, Any] | None:
     try:
-        records = json.loads((cache_dir() / RECORD_FILE).read_text())
+        records = json.loads((cache_dir() / file).read_text())
     except (OSError, ValueError):
         return None
     record = records.get(key) if isinstance(records, dict) else None
     return record if isinstance(record, dict) else None
 
 
-def write_record(key: str, record: dict[str, Any]) -> None:
-    """Add one model's record to the file (written whole, then renamed into place)."""
+def write_record(key: str, record: dict[str, Any], file: str = RECORD_FILE) -> None:
+    """Add one record to the file in the cache folder (written whole, then renamed into place)."""
     folder = cache_dir()
-    path = folder / RECORD_FILE
+    path = folder / file
     try:
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -107,7 +107,7 @@ def write_record(key: str, record: dict[str, Any]) -> None:
         if not isinstance(records, dict):
             records = {}
         records[key] = record
-        temporary = folder / f".{RECORD_FILE}.{os.getpid()}"
+        temporary = folder / f".{file}.{os.getpid()}"
         temporary.write_text(json.dumps(records, indent=1, sort_keys=True))
         os.replace(temporary, path)
     except OSError as exc:

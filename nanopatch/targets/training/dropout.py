@@ -136,21 +136,43 @@ def draw_words(count: int, generator: Any = None) -> torch.Tensor:
 _lock = threading.Lock()
 #: torch's intra-op thread count -> (whether the hash draws, generator ms, hash ms), as measured
 chosen: dict[int, tuple[bool, float, float]] = {}
+#: where the measurement is kept for later runs, in nanopatch's cache folder
+RECORD_FILE = "dropout.json"
 
 
 def hash_method() -> bool:
     """Whether large masks draw their words through :func:`hash_words` at this process's
     intra-op thread count: measured once per count, on :data:`CALIBRATION_WORDS` words drawn by
     each method (the best of three each, from a generator of its own, so the run's random stream
-    is untouched)."""
+    is untouched), and kept in ``dropout.json`` of nanopatch's cache folder for this torch, CPU
+    and thread count: later runs on the machine use the same method, so a seed gives them the
+    same masks."""
     threads = torch.get_num_threads()
     found = chosen.get(threads)
     if found is None:
         with _lock:
             found = chosen.get(threads)
             if found is None:
-                found = chosen[threads] = _calibrate()
+                found = chosen[threads] = _recorded_or_measured(threads)
     return found[0]
+
+
+def _recorded_or_measured(threads: int) -> tuple[bool, float, float]:
+    from nanopatch.foundation import cpu
+
+    from . import compile_choice  # its cache folder and record file helpers
+
+    key = f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads"
+    record = compile_choice.read_record(key, RECORD_FILE)
+    try:
+        return bool(record["hash"]), float(record["generator_ms"]), float(record["hash_ms"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        pass
+    found = _calibrate()
+    compile_choice.write_record(
+        key, {"hash": found[0], "generator_ms": round(found[1], 3), "hash_ms": round(found[2], 3)}, RECORD_FILE
+    )
+    return found
 
 
 def _calibrate() -> tuple[bool, float, float]:
