@@ -147,6 +147,7 @@ class _FastMasks:
         self._region.__exit__(*exc)
         if self._region.fast:
             self._plan.fast_dropout = True
+            self._plan.dropout_words = dropout.method_note()
 
 
 def _fast_masks(plan: Plan) -> Any:

@@ -102,6 +102,7 @@ class Plan:
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
     masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
+    dropout_words: str | None = None  # how large masks drew their words (dropout.method_note)
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
     bf16_measured: str | None = None  # the trial's decision, once made
     reprobe: bool = False  # probe the next training call (what it computes in changed)
@@ -129,7 +130,7 @@ class Plan:
             "computed_in": self.computed_in,
             "autocast": self.autocast,
             "fast_dropout": self.fast_dropout,
-            "dropout_words": self._dropout_words(),
+            "dropout_words": self.dropout_words if self.fast_dropout else None,
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
             "compile_choice": self._compile_state(),
         }
@@ -140,13 +141,6 @@ class Plan:
         if self.compile_trial is None:
             return self.compile_choice
         return "waiting" if self.compile_trial.phase == "eager" else "measuring"
-
-    def _dropout_words(self) -> str | None:
-        if not self.fast_dropout:
-            return None
-        from . import dropout
-
-        return dropout.method_note()
 
     def summary(self) -> str:
         """One line: what this model ran with."""
@@ -161,9 +155,7 @@ class Plan:
         if self.ipex:
             parts.append("IPEX")
         if self.fast_dropout:
-            from . import dropout  # the mask kernel's module imports this one
-
-            hashed = dropout.chosen.get(torch.get_num_threads(), (False,))[0]
+            hashed = (self.dropout_words or "").startswith("counter hash")
             parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
