@@ -30,7 +30,15 @@ def pytest_configure(config):
     A suite started in the background (``pytest &``, ``nohup tox &``) ignores SIGINT, and every
     process it starts would inherit that: a script the tests interrupt would never see its
     KeyboardInterrupt. SIGINT is handled here as in a foreground run, which ``exec`` resets to
-    the default in the children, as a terminal gives it."""
+    the default in the children, as a terminal gives it.
+
+    What nanopatch measures and keeps for later runs (compile=auto, the dropout masks, --nproc
+    measure) goes to a folder of the suite's own, which the processes it starts inherit: the
+    user's records never steer a test, and the tests write none of theirs."""
+    if not os.environ.get("NANOPATCH_CACHE_DIR"):
+        import tempfile
+
+        os.environ["NANOPATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="nanopatch-test-cache-")
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -56,6 +64,10 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_PREFIX",
         "NANOPATCH_THREADS",
         "NANOPATCH_SHARED",
+        "NANOPATCH_MEASURE_OUT",
+        "NANOPATCH_MEASURE_STEPS",
+        "NANOPATCH_MEASURE_TIMEOUT",
+        "NANOPATCH_NPROC_MEASURED",
     }
     env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]

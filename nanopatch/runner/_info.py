@@ -229,6 +229,8 @@ def format_table(info: dict[str, Any]) -> str:
             rows.append(("re-exec", "the interpreter is started again once, so that LD_PRELOAD takes effect"))
         for rank, cpus in enumerate(tuning.get("processes") or []):
             rows.append((f"process {rank}", cpus))
+        if tuning.get("processes_measured"):
+            rows.append(("processes (--nproc measure)", tuning["processes_measured"]))
         sections.append(("Runtime tuning (what python -m nanopatch would set, and why)", rows))
     elif "tuning" in info:
         sections.append(("Runtime tuning", [("tuning", "off (--no-tune): the environment is left as it is")]))

@@ -19,6 +19,7 @@ from typing import Any
 
 from nanopatch import __version__
 from nanopatch.engine import config
+from nanopatch.foundation import argv as words
 from nanopatch.foundation._log import configure_stderr
 from nanopatch.runtime import launch
 from nanopatch.runtime import tuning as runtime
@@ -211,6 +212,13 @@ def parse(
         parser.error("--plot goes with --compare")
     if opts.try_compile and (not opts.compare or opts.compile):
         parser.error("--try-compile goes with --compare, and without --compile (it tries both)")
+    if opts.nproc == "measure" and (
+        opts.cpus is not None or opts.cores_per_proc is not None or any(getattr(opts, n) for n in launch.PASSTHROUGH)
+    ):
+        parser.error(
+            "--nproc measure chooses the count on this machine: it goes with no --cpus, --cores-per-proc "
+            "or multi-node option"
+        )
     if target is not None and opts.verify is not None and (opts.compare or launch.wants_launch(opts)):
         parser.error("--verify runs the script in one process at a time: it goes with neither --compare nor --nproc")
     return own, opts, kind, target, script_args
@@ -275,6 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return compare(
             _without_compare(own), target_argv, cuda_to_cpu=cuda_to_cpu, plot=opts.plot, try_compile=opts.try_compile
         )
+    if opts.nproc == "measure":
+        from nanopatch.runtime import measure
+
+        chosen, _, _ = measure.measure(own, target_argv)
+        opts.nproc = chosen if chosen > 1 else None
+    elif not opts.rank_worker:
+        from nanopatch.runtime import measure
+
+        measure.recall(own, target_argv)  # an earlier measurement of this command: for the advice
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.
     launching = launch.wants_launch(opts)
@@ -321,15 +338,7 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
 def _without_compare(own: Sequence[str]) -> list[str]:
     """The runner options of ``--compare``'s patched run: ``--compare``, ``--try-compile`` and
     ``--plot`` left out."""
-    kept, skip = [], False
-    for word in own:
-        if skip:
-            skip = False
-        elif word == "--plot":
-            skip = True
-        elif word not in ("--compare", "--try-compile") and not word.startswith("--plot="):
-            kept.append(word)
-    return kept
+    return words.without(own, valued=("--plot",), flags=("--compare", "--try-compile"))
 
 
 def _report() -> None:

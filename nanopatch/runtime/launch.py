@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nanopatch.foundation import cpu
-from nanopatch.runtime import loopback
+from nanopatch.runtime import loopback, measure
 from nanopatch.runtime import tuning as runtime
 
 logger = logging.getLogger("nanopatch")
@@ -58,12 +58,14 @@ def _positive(text: str) -> int:
 
 
 def _nproc(text: str) -> int | str:
-    if text == "auto":
+    if text in ("auto", "measure"):
         return text
     try:
         return _positive(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes (at least 1) or 'auto'") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of processes (at least 1), 'auto' or 'measure'"
+        ) from None
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -96,8 +98,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     multi.add_argument(
         "--nproc",
         type=_nproc,
-        metavar="N|auto",
-        help="run N pinned processes on this machine, data-parallel (auto: one per socket)",
+        metavar="N|auto|measure",
+        help="run N pinned processes on this machine, data-parallel (auto: one per socket; measure: time the "
+        "script's first steps with 1, 2, 4, ... processes, each count started anew with its output hidden, and "
+        "train with the fastest; the figures are kept for the next run of the same command)",
     )
     multi.add_argument("--cores-per-proc", type=_positive, metavar="K", help="physical cores per process")
     multi.add_argument(
@@ -209,6 +213,12 @@ def describe_processes(opts: argparse.Namespace, p: runtime.Plan) -> dict[str, A
     """``--info`` for ``--nproc``: the launcher's allocator, and each process's share."""
     report = p.as_dict()
     report["settings"] = [s for s in report["settings"] if s["name"] in ("LD_PRELOAD", "MALLOC_CONF")]
+    if opts.nproc == "measure":
+        counts = ", ".join(str(n) for n in measure.candidates(cpu.host_facts()))
+        report["processes"] = []
+        report["processes_measured"] = f"timed at the start with {counts} process(es), the fastest kept"
+        report["threads"] = "--nproc measure"
+        return report
     groups = rank_cpus(opts)
     report["processes"] = []
     for group in groups:

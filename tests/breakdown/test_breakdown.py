@@ -5,6 +5,7 @@ that does not; its place in ``status()``, the runner's ``-v`` and the patch cont
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, Dataset, dataloader
 
 import nanopatch
+from nanopatch.runtime import measure
 from nanopatch.targets.breakdown import advice
 from nanopatch.targets.breakdown import patch as breakdown
 
@@ -213,6 +215,26 @@ def test_nproc_is_advised_when_one_process_leaves_cores_idle():
     assert rules(cores_busy=0.9, threads=1, cpus=1) == []  # one core: nothing to share out
     assert rules(cores_busy=1.2, others_busy=1.5) == []  # other work kept the cores busy meanwhile
     assert [a["rule"] for a in advice.advise(report(cores_busy=1.2, others_busy=0.2))] == ["nproc"]
+
+
+def test_nproc_measure_figures_replace_the_busy_rule(monkeypatch):
+    """Where --nproc measure timed the command, its figures decide the advice on processes."""
+    figures = {
+        "chosen": 2,
+        "date": "2026-11-27",
+        "trials": [{"nproc": 1, "rate": 100.0, "unit": "samples/s"}, {"nproc": 2, "rate": 150.0, "unit": "samples/s"}],
+    }
+    monkeypatch.setenv(measure.FIGURES_VARIABLE, json.dumps(figures))
+    (found,) = advice.advise(report())  # busy enough by the rule; the measurement says 2
+    assert found["rule"] == "nproc" and found["change"] == "python -m nanopatch --nproc 2 script.py"
+    assert "2 process(es) 150.0 samples/s against 100.0 with 1" in found["text"] and "1.50x" in found["text"]
+    assert advice.advise(report(world_size=2)) == []  # the count measured fastest ran
+    figures["chosen"] = 1
+    monkeypatch.setenv(measure.FIGURES_VARIABLE, json.dumps(figures))
+    assert advice.advise(report(cores_busy=1.0)) == []  # idle threads, but one process measured fastest
+    monkeypatch.delenv(measure.FIGURES_VARIABLE)
+    (found,) = advice.advise(report(cores_busy=1.0))
+    assert "--nproc measure" in found["text"]
 
 
 def test_a_run_on_a_gpu_gets_no_cpu_advice():

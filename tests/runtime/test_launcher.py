@@ -169,6 +169,8 @@ def test_info_shows_the_plan_for_one_process_and_for_several(tmp_path):
     assert "Runtime tuning" in one and "OMP_NUM_THREADS" in one and "physical core(s)" in one
     data = json.loads(ok(nanopatch(["--info", "--json", "--nproc", "1"], cwd=tmp_path)).stdout)
     assert data["tuning"]["processes"][0].startswith("CPUs ")
+    measured = ok(nanopatch(["--info", "--nproc", "measure"], cwd=tmp_path)).stdout
+    assert "processes (--nproc measure)" in measured and "timed at the start with 1" in measured
     bad = nanopatch(["--info", "--nproc", "999"], cwd=tmp_path)
     assert bad.returncode == 2 and "999 processes need at least 999 physical cores" in bad.stderr
 
@@ -332,8 +334,9 @@ def test_the_one_machine_rendezvous_is_loopbacks():
 
 def test_bad_launcher_arguments(tmp_path):
     for args, message in (
-        (["--nproc", "0"], "give a number of processes (at least 1) or 'auto'"),
-        (["--nproc", "many"], "give a number of processes (at least 1) or 'auto'"),
+        (["--nproc", "0"], "give a number of processes (at least 1), 'auto' or 'measure'"),
+        (["--nproc", "many"], "give a number of processes (at least 1), 'auto' or 'measure'"),
+        (["--nproc", "measure", "--cpus", "0"], "--nproc measure chooses the count on this machine"),
         (["--cpus", "0-1,x"], "not a CPU list"),
     ):
         proc = nanopatch([*args, SCRIPT], cwd=tmp_path)

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 import nanopatch
+from nanopatch.foundation import records
 from nanopatch.targets.training import compile_choice
 from nanopatch.targets.training import patch as training
 from nanopatch.targets.training.plan import Plan
 
 NATIVE = {"ipex": False}
+RECORD = compile_choice.RECORD_FILE
 
 
 @pytest.fixture(autouse=True)
@@ -121,15 +123,15 @@ def test_graph_breaks_end_the_trial_with_eager(monkeypatch):
 def test_a_record_of_a_slower_compile_skips_the_trial_and_one_of_a_faster_sets_the_wait(cache):
     model = nn.Linear(4, 4)
     key = compile_choice.model_key(model, "default")
-    compile_choice.write_record(
-        key, {"compiled": False, "compile_s": 30, "compiled_ms": 12, "eager_ms": 10, "date": "d"}
+    records.write_record(
+        key, {"compiled": False, "compile_s": 30, "compiled_ms": 12, "eager_ms": 10, "date": "d"}, RECORD
     )
     plan = Plan(name="Linear")
     compile_choice.start(plan, model)
     assert plan.compile_trial is None and plan.compile_mode is False
     assert plan.compile_choice.startswith("eager: an earlier run on this machine measured torch.compile slower")
-    compile_choice.write_record(
-        key, {"compiled": True, "compile_s": 7.5, "compiled_ms": 8, "eager_ms": 10, "date": "d"}
+    records.write_record(
+        key, {"compiled": True, "compile_s": 7.5, "compiled_ms": 8, "eager_ms": 10, "date": "d"}, RECORD
     )
     plan = Plan(name="Linear")
     compile_choice.start(plan, model)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nanopatch.runtime import measure
+
 #: waiting for data above this share of the training time calls for DataLoader workers
 DATA_WAIT_SHARE = 0.20
 #: the optimizer step above this share of a step: per-step costs dominate the batch's work
@@ -91,8 +93,13 @@ def _batch(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _nproc(report: dict[str, Any]) -> dict[str, Any] | None:
-    """One process kept few of its threads busy during its steps: several processes, each on
-    its own cores, use the machine better (``--nproc``)."""
+    """Where ``--nproc measure`` timed this command on this machine, its figures decide: advice
+    only when this run used another count than the fastest. Otherwise: one process kept few of
+    its threads busy during its steps, so several processes, each on its own cores, would use
+    the machine better."""
+    measured = measure.figures()
+    if measured is not None:
+        return _measured(report, measured)
     busy, threads, cpus = report.get("cores_busy"), report.get("threads") or 1, report["cpus"]
     if busy is None or report.get("world_size", 1) > 1 or min(threads, cpus) < 2:
         return None
@@ -109,7 +116,30 @@ def _nproc(report: dict[str, Any]) -> dict[str, Any] | None:
         "figure": figure,
         "change": change,
         "text": f"{figure}: one process does not use this machine's cores well; `{change}` trains {nproc} "
-        "processes data-parallel, each pinned to its own cores",
+        "processes data-parallel, each pinned to its own cores (`--nproc measure` times 1, 2, 4, ... processes "
+        "first and trains with the fastest)",
+    }
+
+
+def _measured(report: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any] | None:
+    chosen, world = measured.get("chosen"), report.get("world_size", 1) or 1
+    if not isinstance(chosen, int) or chosen == world:
+        return None
+    rates = {t.get("nproc"): t for t in measured["trials"] if isinstance(t, dict) and t.get("rate")}
+    if chosen not in rates or world not in rates:
+        return None
+    fast, this = rates[chosen], rates[world]
+    figure = (
+        f"--nproc measure timed this command on {measured.get('date') or 'an earlier run'}: {chosen} process(es) "
+        f"{fast['rate']:.1f} {fast.get('unit', 'samples/s')} against {this['rate']:.1f} with {world}"
+    )
+    change = f"python -m nanopatch --nproc {chosen} script.py"
+    return {
+        "rule": "nproc",
+        "figure": figure,
+        "change": change,
+        "text": f"{figure}: `{change}` (or `--nproc measure`, which reads the same figures) trains "
+        f"{fast['rate'] / this['rate']:.2f}x as fast",
     }
 
 

@@ -29,6 +29,7 @@ from nanopatch.foundation import learning
 from nanopatch.runtime import tuning as runtime
 
 from ..training import ipex, optim
+from . import measure
 
 TARGET = "breakdown"
 
@@ -191,6 +192,7 @@ class _Meter:
 
 
 _meter: _Meter | None = None
+_trial: measure.Trial | None = None  # a --nproc measure trial's timing, in the processes of one
 
 
 def _samples(batch: Any) -> int | None:
@@ -250,8 +252,11 @@ def _step_pre(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] |
 
 def _step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
     if _meter is not None and not learning.internal_now():
-        _meter.step_ends(time.perf_counter())
+        now = time.perf_counter()
+        _meter.step_ends(now)
         _meter.note_devices(optimizer)
+        if _trial is not None and _meter.depth == 0:
+            _trial.after_step(now, _meter.samples)
 
 
 def parameter_devices(optimizer: Any) -> set[str]:
@@ -274,10 +279,11 @@ def _instance_step(optimizer: Any) -> None:
 
 
 def patch(config: Any) -> None:
-    global _meter
+    global _meter, _trial
     from torch.optim import optimizer as optimizer_mod
 
     _meter = _Meter()
+    _trial = measure.from_environment()
     _patching.wrap(dataloader._BaseDataLoaderIter, "__next__", _next)
     for handle, where in (
         (optimizer_mod.register_optimizer_step_pre_hook(_step_pre), "optimizer step pre-hook (breakdown)"),
@@ -288,8 +294,8 @@ def patch(config: Any) -> None:
 
 
 def unpatch() -> None:
-    global _meter
-    _meter = None
+    global _meter, _trial
+    _meter = _trial = None
 
 
 def describe() -> dict[str, Any] | None:

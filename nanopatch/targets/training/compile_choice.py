@@ -36,14 +36,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from nanopatch.foundation.records import cache_dir, read_record, write_record
 
 from .plan import beyond_noise
 
@@ -58,15 +57,6 @@ PRIOR_COMPILE_S = 60.0
 MIN_STEPS = 30
 #: the record file's name in the cache folder
 RECORD_FILE = "compile.json"
-
-
-def cache_dir(environ: Any = None) -> Path:
-    environ = os.environ if environ is None else environ
-    given = environ.get("NANOPATCH_CACHE_DIR")
-    if given:
-        return Path(given)
-    xdg = environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "nanopatch"
 
 
 def model_key(model: torch.nn.Module, mode: str) -> str:
@@ -85,35 +75,6 @@ def model_key(model: torch.nn.Module, mode: str) -> str:
     )
 
 
-def read_record(key: str, file: str = RECORD_FILE) -> dict[str, Any] | None:
-    try:
-        records = json.loads((cache_dir() / file).read_text())
-    except (OSError, ValueError):
-        return None
-    record = records.get(key) if isinstance(records, dict) else None
-    return record if isinstance(record, dict) else None
-
-
-def write_record(key: str, record: dict[str, Any], file: str = RECORD_FILE) -> None:
-    """Add one record to the file in the cache folder (written whole, then renamed into place)."""
-    folder = cache_dir()
-    path = folder / file
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            records = json.loads(path.read_text())
-        except (OSError, ValueError):
-            records = {}
-        if not isinstance(records, dict):
-            records = {}
-        records[key] = record
-        temporary = folder / f".{file}.{os.getpid()}"
-        temporary.write_text(json.dumps(records, indent=1, sort_keys=True))
-        os.replace(temporary, path)
-    except OSError as exc:
-        logger.debug("nanopatch could not write %s: %s", path, exc)
-
-
 def start(plan: Any, model: torch.nn.Module, mode: str = "default") -> None:
     """``compile="auto"`` for a newly paired model: it runs eagerly, measured by a
     :class:`CompileTrial`, unless an earlier run on this machine measured compiling slower."""
@@ -122,7 +83,7 @@ def start(plan: Any, model: torch.nn.Module, mode: str = "default") -> None:
         key: str | None = model_key(model, mode)
     except Exception:  # a model whose parameters cannot be listed: no record
         key = None
-    record = read_record(key) if key is not None else None
+    record = read_record(key, RECORD_FILE) if key is not None else None
     if record is not None and record.get("compiled") is False:
         plan.compile_choice = (
             f"eager: an earlier run on this machine measured torch.compile slower for this model "
@@ -263,4 +224,5 @@ class CompileTrial:
                     "eager_ms": round(eager * 1e3, 2),
                     "date": datetime.date.today().isoformat(),
                 },
+                RECORD_FILE,
             )

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from nanopatch.engine import _patching
+from nanopatch.foundation import records
 from nanopatch.foundation._log import log_once, warnings_from
 
 from .plan import TARGET, local
@@ -160,16 +161,14 @@ def hash_method() -> bool:
 def _recorded_or_measured(threads: int) -> tuple[bool, float, float]:
     from nanopatch.foundation import cpu
 
-    from . import compile_choice  # its cache folder and record file helpers
-
     key = f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads"
-    record = compile_choice.read_record(key, RECORD_FILE)
+    record = records.read_record(key, RECORD_FILE)
     try:
         return bool(record["hash"]), float(record["generator_ms"]), float(record["hash_ms"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
         pass
     found = _calibrate()
-    compile_choice.write_record(
+    records.write_record(
         key, {"hash": found[0], "generator_ms": round(found[1], 3), "hash_ms": round(found[2], 3)}, RECORD_FILE
     )
     return found

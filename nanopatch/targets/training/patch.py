@@ -119,6 +119,13 @@ def training_now() -> bool:
         return discovery.training_now()
 
 
+def measuring() -> bool:
+    """Whether nanopatch is still measuring something for a model it trains (bf16 against
+    fp32, or compile="auto"'s eager and compiled steps): its steps are not yet the ones it chose."""
+    with lock:
+        return any(plan.trial is not None or plan.compile_trial is not None for plan in plans.values())
+
+
 def describe() -> list[dict[str, Any]]:
     """One entry per model nanopatch found, and one per optimizer it accelerated nothing for,
     for ``nanopatch.status()``."""
