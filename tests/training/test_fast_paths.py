@@ -18,6 +18,7 @@ from nanopatch import NanopatchWarning
 from nanopatch.runtime import _malloc
 from nanopatch.targets.training import dropout
 from nanopatch.targets.training import patch as training_patch
+from nanopatch.targets.training.plan import Plan
 
 from conftest import AUTO_COMPUTE, run_python
 from helpers.learning_oracle import plans_alive_now, training_details
@@ -124,7 +125,7 @@ def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch, c
         assert dropout.hash_method() is uses
         assert dropout.hash_method() is uses  # measured once per thread count
         assert list(dropout.chosen) == [threads]
-        assert dropout.method_note().startswith("counter hash" if uses else "torch generator")
+        assert dropout.method()[0] is uses
     # small masks draw from the generator whatever was chosen
     monkeypatch.setattr(dropout, "chosen", {threads: (True, 1.0, 0.1)})
     torch.manual_seed(5)
@@ -145,7 +146,10 @@ def test_later_runs_on_the_machine_use_the_method_measured_first(monkeypatch, ca
     monkeypatch.setattr(dropout, "chosen", {})
     monkeypatch.setattr(dropout, "_best", lambda draw: pytest.fail("measured again"))
     assert dropout.hash_method() is True
-    assert dropout.method_note() == "counter hash (1.00 ms against the generator's 10.00 per 262144 words)"
+    assert dropout.method() == (True, 10.0, 1.0, 262144)
+    plan = Plan(name="M", fast_dropout=True, dropout_method=dropout.method())
+    assert plan.describe()["dropout_words"] == "counter hash (1.00 ms against the generator's 10.00 per 262144 words)"
+    assert "fast dropout masks (hashed on all threads)" in plan.summary()
     # a record it cannot read is measured again
     cache.write_text("{not json")
     monkeypatch.setattr(dropout, "chosen", {})

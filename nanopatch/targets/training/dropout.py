@@ -191,16 +191,12 @@ def _best(draw: Any, times: int = 3) -> float:
     return best
 
 
-def method_note() -> str | None:
-    """How large masks drew their words in this process, for the summary (None: not measured)."""
+def method() -> tuple[bool, float, float, int] | None:
+    """How large masks draw their words at this thread count: (the counter hash or not, the
+    generator's and the hash's milliseconds for the words timed, those words); None where not
+    measured yet."""
     found = chosen.get(torch.get_num_threads())
-    if found is None:
-        return None
-    uses, generator_ms, hash_ms = found
-    return (
-        f"{'counter hash' if uses else 'torch generator'} "
-        f"({hash_ms:.2f} ms against the generator's {generator_ms:.2f} per {CALIBRATION_WORDS} words)"
-    )
+    return None if found is None else (*found, CALIBRATION_WORDS)
 
 
 def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> torch.Tensor:

@@ -147,7 +147,7 @@ class _FastMasks:
         self._region.__exit__(*exc)
         if self._region.fast:
             self._plan.fast_dropout = True
-            self._plan.dropout_words = dropout.method_note()
+            self._plan.dropout_method = dropout.method()
 
 
 def _fast_masks(plan: Plan) -> Any:

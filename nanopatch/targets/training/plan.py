@@ -102,7 +102,8 @@ class Plan:
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
     masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
-    dropout_words: str | None = None  # how large masks drew their words (dropout.method_note)
+    # how large masks drew their words (dropout.method: hashed or not, generator and hash ms, words timed)
+    dropout_method: tuple[bool, float, float, int] | None = None
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
     bf16_measured: str | None = None  # the trial's decision, once made
     reprobe: bool = False  # probe the next training call (what it computes in changed)
@@ -130,10 +131,19 @@ class Plan:
             "computed_in": self.computed_in,
             "autocast": self.autocast,
             "fast_dropout": self.fast_dropout,
-            "dropout_words": self.dropout_words if self.fast_dropout else None,
+            "dropout_words": self._dropout_words() if self.fast_dropout else None,
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
             "compile_choice": self._compile_state(),
         }
+
+    def _dropout_words(self) -> str | None:
+        if self.dropout_method is None:
+            return None
+        hashed, generator_ms, hash_ms, words = self.dropout_method
+        return (
+            f"{'counter hash' if hashed else 'torch generator'} "
+            f"({hash_ms:.2f} ms against the generator's {generator_ms:.2f} per {words} words)"
+        )
 
     def _compile_state(self) -> str | None:
         """compile="auto"'s decision; while there is none, "waiting" (eager steps until they have
@@ -155,7 +165,7 @@ class Plan:
         if self.ipex:
             parts.append("IPEX")
         if self.fast_dropout:
-            hashed = (self.dropout_words or "").startswith("counter hash")
+            hashed = self.dropout_method is not None and self.dropout_method[0]
             parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
