@@ -42,7 +42,7 @@ SERVER: dict[str, list[str]] = {
         "--models", "resnet18,transformer", "--variants", "stock,by-hand,patched", "--rounds", "2",
         "--steps", "3", "--profile", "2",
     ],
-    "multi_instance": ["--variants", "stock,tuned,nproc", "--nproc", "NPROC", "--rounds", "2"],
+    "multi_instance": ["--variants", "stock,stock-nproc,tuned,nproc", "--nproc", "NPROC", "--rounds", "2"],
     "frameworks": [
         "--variants", "hf-stock,hf-bf16,hf-nanopatch", "--hf-model", "gpt2", "--hf-size", "base", "--lora",
         "--rounds", "1", "--steps", "3",

@@ -276,7 +276,7 @@ def test_server_command_lines(tmp_path):
     assert benches["train_step"].args(server, out) == [*suite_benches.SERVER["train_step"], "--json", str(out)]
     nproc = str(max(2, min(4, cpu_facts.host_facts().physical_cores)))  # 4, or fewer on fewer cores
     assert benches["multi_instance"].args(server, out) == [
-        "--variants", "stock,tuned,nproc", "--nproc", nproc, "--rounds", "2", "--json", str(out)
+        "--variants", "stock,stock-nproc,tuned,nproc", "--nproc", nproc, "--rounds", "2", "--json", str(out)
     ]  # fmt: skip
     full = benches["frameworks"].args(server, out)
     assert full[full.index("--hf-size") + 1] == "base" and "--lora" in full

@@ -1,4 +1,5 @@
-"""multi_instance's variants and how each is launched (stock, nanopatch untuned, tuned, --nproc N),
+"""multi_instance's variants and how each is launched (stock, stock torchrun --nproc N with DDP by hand,
+nanopatch untuned, tuned, --nproc N),
 in a clean environment, one fresh process group per run; frameworks.py shares its environment.
 """
 
@@ -14,8 +15,8 @@ import harness as h
 
 SETTLE_S = 0.5  # pause before each run
 GROUP = "resnet18"
-STOCK, UNTUNED, TUNED, NPROC = "stock", "untuned", "tuned", "nproc"
-VARIANTS = (STOCK, UNTUNED, TUNED, NPROC)
+STOCK, STOCK_NPROC, UNTUNED, TUNED, NPROC = "stock", "stock-nproc", "untuned", "tuned", "nproc"
+VARIANTS = (STOCK, STOCK_NPROC, UNTUNED, TUNED, NPROC)
 MODELS = ("resnet18", "tiny")  # tiny: a small CNN, for the test suite
 #: environment variables no variant inherits from the caller
 CLEARED = (
@@ -41,6 +42,7 @@ CLEARED = (
 def variant_name(key: str, nproc: int) -> str:
     return {
         STOCK: "stock",
+        STOCK_NPROC: f"stock, torchrun --nproc {nproc}",
         UNTUNED: "patched, untuned",
         TUNED: "patched, tuned",
         NPROC: f"patched, --nproc {nproc}",
@@ -74,8 +76,11 @@ def command(key: str, args: argparse.Namespace, out: str, learn: int = 0) -> lis
         str(args.warmup),
         *(["--learn", str(learn)] if learn else []),
     ]
+    if key == STOCK_NPROC:  # data-parallel by hand: torchrun, and DDP in the script
+        worker.append("--ddp")
     launcher = {
         STOCK: [],
+        STOCK_NPROC: ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc)],
         UNTUNED: ["-m", "nanopatch", "--no-tune"],
         TUNED: ["-m", "nanopatch"],
         NPROC: ["-m", "nanopatch", "--nproc", str(args.nproc)],
@@ -87,7 +92,9 @@ def run_once(key: str, args: argparse.Namespace, env: dict[str, str], workdir: s
     """One fresh process (group) of a variant: its rate, or its error. ``learn``: the steps it
     records first for the learning check."""
     out = tempfile.mkdtemp(prefix=f"{key}-", dir=workdir)
-    expected = args.nproc if key == NPROC else 1
+    expected = args.nproc if key in (NPROC, STOCK_NPROC) else 1
+    if key == STOCK_NPROC:  # each process its share of the cores, as a careful user sets it (torchrun's default is 1)
+        env = {**env, "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // args.nproc))}
     return h.run_ranks(
         command(key, args, out, learn), env=env, out=out, timeout=args.timeout, count="images", expected=expected
     )
@@ -139,5 +146,7 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
         "channels_last": [r["channels_last"] for r in ranks],
         "nanopatch_imported": [r["nanopatch_imported"] for r in ranks],
         "env": [r["env"] for r in ranks],
+        "peak_rss_mib": [r.get("peak_rss_mib") for r in ranks],
+        "total_peak_rss_mib": sum(r.get("peak_rss_mib") or 0.0 for r in ranks),
         **h.rank_checks(ranks, "data_checksum"),
     }

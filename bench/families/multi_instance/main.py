@@ -12,7 +12,7 @@ import time
 import harness as h
 
 from families.multi_instance.launch import MODELS, SCRIPT, SETTLE_S, VARIANTS, run_env, run_once, variant_name
-from families.multi_instance.summary import comparisons, print_markdown, summarise
+from families.multi_instance.summary import comparisons, memory, print_markdown, summarise
 from families.multi_instance.worker import CLASSES, DATASET_BATCHES, SEED, worker_main
 
 
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="comma-separated, of stock (plain python), untuned (python -m nanopatch --no-tune), tuned "
+        help="comma-separated, of stock (plain python), stock-nproc (torchrun --nproc-per-node N, the script "
+        "doing DDP itself, OMP_NUM_THREADS its share of the cores), untuned (python -m nanopatch --no-tune), tuned "
         "(python -m nanopatch), nproc (python -m nanopatch --nproc N) (default: %(default)s)",
     )
     parser.add_argument("--nproc", type=int, default=2, help="processes of the nproc variant (default %(default)s)")
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224, help=argparse.SUPPRESS)
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # internal: run as the training script
     parser.add_argument("--learn", type=int, default=0, help=argparse.SUPPRESS)  # steps recorded first
+    parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)  # the worker does DDP itself
     args = parser.parse_args(argv)
     h.round_defaults(args)
     if args.worker:
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         "round_orders": rounds_meta,
         "rows": rows,
         "comparisons": comparisons(by_key, args.nproc),
+        "memory": memory(by_key, args.nproc),
         "runs": {variant_name(k, args.nproc): h.runs_kept(by_key[k], v) for k, v in runs.items()},
         "seconds": time.perf_counter() - started,
     }

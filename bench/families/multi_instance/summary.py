@@ -7,10 +7,29 @@ from typing import Any
 
 import harness as h
 
-from families.multi_instance.launch import GROUP, NPROC, STOCK, TUNED, UNTUNED, command, facts_of, variant_name
+from families.multi_instance.launch import (
+    GROUP,
+    NPROC,
+    STOCK,
+    STOCK_NPROC,
+    TUNED,
+    UNTUNED,
+    command,
+    facts_of,
+    variant_name,
+)
 
 #: facts that must not change from one round to the next
 STABLE = ("processes", "threads", "affinity", "jemalloc", "tcmalloc", "world_size", "ddp", "loader_batches")
+
+
+def rss_text(d: dict[str, Any]) -> str:
+    peaks = [p for p in d.get("peak_rss_mib") or [] if p]
+    if not peaks:
+        return "?"
+    if len(peaks) == 1:
+        return f"{peaks[0]:.0f}"
+    return f"{sum(peaks):.0f} ({' + '.join(f'{p:.0f}' for p in peaks)})"
 
 
 def ran_with(d: dict[str, Any]) -> str:
@@ -43,16 +62,16 @@ def ran_with(d: dict[str, Any]) -> str:
 def problems(key: str, d: dict[str, Any], physical_cores: int, nproc: int) -> list[str]:
     """What a variant's details say it did not run as it should."""
     found = []
-    if key == STOCK and any(d["nanopatch_imported"]):
+    if key in (STOCK, STOCK_NPROC) and any(d["nanopatch_imported"]):
         found.append("nanopatch was imported")
-    if key != STOCK and not all(d["nanopatch_imported"]):
+    if key not in (STOCK, STOCK_NPROC) and not all(d["nanopatch_imported"]):
         found.append("nanopatch was not imported")
-    if key == NPROC:
+    if key in (NPROC, STOCK_NPROC):
         if d["processes"] != nproc or set(d["world_size"]) != {nproc}:
             found.append(f"{d['processes']} processes, world size {d['world_size']} (expected {nproc})")
         if not all(d["ddp"]):
             found.append("no DistributedDataParallel in some rank")
-        if physical_cores >= nproc and not d["disjoint_affinity"]:
+        if key == NPROC and physical_cores >= nproc and not d["disjoint_affinity"]:
             found.append(f"ranks' CPUs overlap: {' | '.join(d['affinity'])}")
         if not d["ranks_in_sync"]:
             found.append("ranks' parameters differ after the run (gradients not averaged)")
@@ -88,6 +107,7 @@ def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, core
 def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
     pairs = [
         (NPROC, TUNED, f"--nproc {nproc} vs one process on all cores (patched, tuned)"),
+        (NPROC, STOCK_NPROC, f"--nproc {nproc} vs stock torchrun --nproc {nproc} (DDP by hand)"),
         (TUNED, UNTUNED, "tuned vs untuned single process"),
         (TUNED, STOCK, "patched, tuned vs stock"),
     ]
@@ -109,6 +129,38 @@ def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str,
     return out
 
 
+#: nanopatch's processes together may peak at this many times stock's at the same process count
+MEMORY_LIMIT = 1.3
+
+
+def memory(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
+    """The processes' peak resident memory, summed over the ranks of a run (the last round's),
+    nanopatch's against stock's at the same process count."""
+    out = []
+    for a, b, label in (
+        (TUNED, STOCK, "one process: patched, tuned vs stock"),
+        (UNTUNED, STOCK, "one process: patched, untuned vs stock"),
+        (NPROC, STOCK_NPROC, f"{nproc} processes: --nproc {nproc} vs stock torchrun"),
+    ):
+        da, db = (by_key.get(k, {}).get("details", {}) for k in (a, b))
+        mine, theirs = da.get("total_peak_rss_mib"), db.get("total_peak_rss_mib")
+        if not mine or not theirs:
+            continue
+        ratio = mine / theirs
+        out.append(
+            {
+                "label": label,
+                "variant": by_key[a]["variant"],
+                "against": by_key[b]["variant"],
+                "mib": mine,
+                "against_mib": theirs,
+                "ratio": ratio,
+                "within_limit": ratio <= MEMORY_LIMIT,
+            }
+        )
+    return out
+
+
 def print_markdown(report: dict[str, Any]) -> None:
     m = report["machine"]
     print("## Several training instances on one machine\n")
@@ -119,15 +171,18 @@ def print_markdown(report: dict[str, Any]) -> None:
         "fp32, at most 16), each run a fresh process (group), order rotated each round; "
         f"1-min load average at start {m['loadavg_start']}"
     )
-    print("\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | other load | ran with |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "\n| variant | img/s (median) | min-max | x stock | x patched, tuned | CPU | other load | peak RSS, MiB "
+        "(per process) | ran with |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in report["rows"]:
         if h.learns(row) is False:  # no rate: the verdict instead
-            print(f"| {row['variant']} | {h.DOES_NOT_LEARN} |  |  |  |  |  | {h.cell(row['note'])} |")
+            print(f"| {row['variant']} | {h.DOES_NOT_LEARN} |  |  |  |  |  |  | {h.cell(row['note'])} |")
             continue
         if row["rate"] is None:
             error = h.cell(row.get("error", "?"))
-            print(f"| {row['variant']} | failed |  |  |  |  |  | {error} |")
+            print(f"| {row['variant']} | failed |  |  |  |  |  |  | {error} |")
             continue
         d = row["details"]
         low, high = row["spread"]
@@ -139,6 +194,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             f"{row['ratio_to_tuned']:.2f}x" if "ratio_to_tuned" in row else "",
             f"{d['cpu_use'] * 100:.0f}%",
             f"{max(d['other_load']) * 100:.0f}%" if d["other_load"] else "?",
+            rss_text(d),
             ran_with(d),
         ]
         print("| " + " | ".join(cells) + " |")
@@ -147,6 +203,12 @@ def print_markdown(report: dict[str, Any]) -> None:
         rounds = c["per_round"]
         spread = f" (per round {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else ""
         print(f"- **{c['label']}**: {c['ratio']:.2f}x{spread}")
+    for m in report.get("memory", []):
+        verdict = "within" if m["within_limit"] else "**over**"
+        print(
+            f"- memory, {m['label']}: {m['mib']:.0f} MiB against {m['against_mib']:.0f} ({m['ratio']:.2f}x, "
+            f"{verdict} the {MEMORY_LIMIT}x limit)"
+        )
     for row in report["rows"]:
         for problem in row["details"].get("problems", []):
             print(f"- warning: `{row['variant']}`: {problem}")
@@ -170,7 +232,8 @@ def print_markdown(report: dict[str, Any]) -> None:
         "\nimg/s: images of all processes / the slowest process's time for the timed steps; the median over "
         "the rounds. CPU: CPU time of all processes / (wall time x cores allowed). other load: the most CPU "
         "time other processes of the machine took during one of the variant's runs (from /proc/stat, less this "
-        "run's own), as a share of all CPUs. ran with: what the workers "
+        "run's own), as a share of all CPUs. peak RSS: the largest resident memory of the variant's processes "
+        "in its last round, summed over them (each process's own peak in brackets). ran with: what the workers "
         "reported after the run (torch threads, CPU affinity when the process started, allocator mapped, "
         "process group)."
     )

@@ -14,7 +14,11 @@ from pathlib import Path
 
 import harness as h
 
-from families.train_step.worker import MAX_TRIAL_STEPS, measuring  # bench/ is the script's folder, first on sys.path
+from families.train_step.worker import (
+    MAX_TRIAL_STEPS,
+    measuring,
+    rss_mib,
+)  # bench/ is the script's folder, first on sys.path
 
 SEED = 20250
 CLASSES = 1000
@@ -77,8 +81,19 @@ def worker_main(args: argparse.Namespace) -> int:
     size = DATASET_BATCHES * args.batch
     images = torch.randn(size, 3, args.image_size, args.image_size)
     labels = torch.randint(0, CLASSES, (size,))
-    loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch, shuffle=True, drop_last=True)
-    model = build_model(args.model)
+    data = TensorDataset(images, labels)
+    if args.ddp:  # data-parallel by hand, as torch's DDP tutorial writes it (under torchrun)
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data.distributed import DistributedSampler
+
+        dist.init_process_group("gloo")
+        sampler = DistributedSampler(data, shuffle=True, seed=SEED, drop_last=True)
+        loader = DataLoader(data, batch_size=args.batch, sampler=sampler, drop_last=True)
+        model = DistributedDataParallel(build_model(args.model))
+    else:
+        loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
+        model = build_model(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     criterion = nn.CrossEntropyLoss()
     model.train()
@@ -102,7 +117,9 @@ def worker_main(args: argparse.Namespace) -> int:
         return loss.item()
 
     built = time.perf_counter()
-    with h.Learning(args.learn, [model]).start() as learning:  # the first steps, for the learning check
+    with h.Learning(
+        args.learn, [getattr(model, "module", model)]
+    ).start() as learning:  # the first steps, for the learning check
         for _ in range(args.learn):
             step()
             learning.after_step()
@@ -168,5 +185,6 @@ def worker_main(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "pid": os.getpid(),
     }
+    result["rss_mib"], result["peak_rss_mib"] = rss_mib()
     Path(args.worker, f"rank{rank}.json").write_text(json.dumps(result))
     return 0
