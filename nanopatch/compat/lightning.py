@@ -42,15 +42,6 @@ from nanopatch.runtime import tuning as runtime
 
 logger = logging.getLogger("nanopatch")
 
-#: BigDL-Nano's switches and their defaults
-NANO_DEFAULTS: dict[str, Any] = {
-    "num_processes": 1,
-    "cpu_for_each_process": None,
-    "use_ipex": False,
-    "channels_last": False,
-    "auto_lr": True,
-}
-
 
 def lightning_package() -> str:
     """``"lightning.pytorch"`` or ``"pytorch_lightning"``: the one the script uses."""

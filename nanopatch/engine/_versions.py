@@ -43,6 +43,19 @@ TESTED: tuple[Tested, ...] = (
     Tested("2.15.0", "0.29.2", FULL, "newest"),
 )
 
+
+def supported(*distributions: str) -> dict[str, str]:
+    """The version floors a target declares (its ``SUPPORTED``): the oldest tested pair's, for
+    ``torch`` and ``torchvision`` (pyproject.toml requires the same; tests/engine/test_versions.py
+    checks it)."""
+    oldest = TESTED[0]
+    floors = {
+        "torch": f">={_minor_text(oldest.minor)}",
+        "torchvision": f">={_minor_text(config._major_minor(oldest.torchvision))}",
+    }
+    return {name: floors[name] for name in distributions}
+
+
 #: What an untested torch means for a user, in one line.
 UNTESTED_MEANING = (
     "nanopatch's self-checks turn off any fast path that does not learn as stock on it; "

@@ -28,9 +28,6 @@ from ._bootstrap import BOOTSTRAP_DIR, LOG_LEVEL_VARIABLE, PREFIX_VARIABLE
 from ._scripts import NoModule, run_module, run_script
 from .verify import DEFAULT_STEPS
 
-#: ``--compare`` asks the patched run to write its account of what it accelerated here
-REPORT_VARIABLE = "NANOPATCH_REPORT"
-
 USAGE = (
     "python -m nanopatch [options] script.py [args ...]\n"
     "       python -m nanopatch [options] -m module [args ...]\n"

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from nanopatch.foundation import usage
 
-REPORT_VARIABLE = "NANOPATCH_REPORT"  # as nanopatch.runner.cli reads it
+REPORT_VARIABLE = "NANOPATCH_REPORT"  # where the patched run writes its account (write_report, below)
 
 # Every pattern here runs on every line a script prints, so none may take more than linear time
 # on any line (a line of 16,000 digits, or a label followed by 16,000 spaces, took 28 s with

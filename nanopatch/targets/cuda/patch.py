@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from nanopatch.engine import _patching
+from nanopatch.engine import _patching, _versions
 from nanopatch.foundation import cpu
 from nanopatch.foundation._log import log_once
 
@@ -59,7 +59,7 @@ TARGET = "cuda_to_cpu"
 EXTENSIONS = "cuda_extensions"
 
 #: torch versions this target is written against (``torch.amp.GradScaler``, autocast's device_type)
-SUPPORTED = {"torch": ">=2.4"}
+SUPPORTED = _versions.supported("torch")
 
 CPU = torch.device("cpu")
 

@@ -23,13 +23,13 @@ import os
 import sys
 from typing import Any
 
-from nanopatch.engine import _patching
+from nanopatch.engine import _patching, _versions
 
 from . import patch as distributed
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = {"torch": ">=2.1"}
+SUPPORTED = _versions.supported("torch")
 
 #: target name -> the module that defines the Trainer it patches
 TRAINERS = {

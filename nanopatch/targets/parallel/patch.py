@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import data as tud
 
-from nanopatch.engine import _patching
+from nanopatch.engine import _patching, _versions
 from nanopatch.foundation._log import log_once
 
 from ..training import ipex
@@ -57,7 +57,7 @@ from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = {"torch": ">=2.1"}
+SUPPORTED = _versions.supported("torch")
 
 #: warm-up length when no training loader tells how long an epoch is
 DEFAULT_WARMUP_STEPS = 100

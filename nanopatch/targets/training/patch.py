@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nanopatch.engine import _patching
+from nanopatch.engine import _patching, _versions
 from nanopatch.foundation._log import log_once
 from nanopatch.runtime import _malloc
 from nanopatch.runtime import tuning as runtime
@@ -35,7 +35,7 @@ from .plan import TARGET, lock, plans, state
 __all__ = ["describe", "patch", "plans", "release_data_parallel", "self_checks", "summary", "training_now", "unpatch"]
 
 #: torch versions this target is written against (module hooks with always_call, autocast on CPU).
-SUPPORTED = {"torch": ">=2.1"}
+SUPPORTED = _versions.supported("torch")
 
 
 def patch(config: Any) -> None:

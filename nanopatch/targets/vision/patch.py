@@ -3,13 +3,13 @@ is imported (or at once if it already is) and undone exactly by the engine's jou
 
 from __future__ import annotations
 
-from nanopatch.engine import _patching
+from nanopatch.engine import _patching, _versions
 from nanopatch.foundation._log import log_once
 
 from ._originals import original
 
 #: torchvision versions this target is written against (its loader, dataset and transform internals).
-SUPPORTED = {"torchvision": ">=0.15"}
+SUPPORTED = _versions.supported("torchvision")
 
 
 def patch(config) -> None:

@@ -1,0 +1,29 @@
+"""The version floors each built-in target declares (``SUPPORTED``) are the oldest tested pair's
+(engine/_versions.py, the list tox tests), and pyproject.toml requires the same: a floor that
+disagrees with what is tested could never fail."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+from nanopatch.engine import _patching, _versions
+
+from conftest import REPO_ROOT
+
+
+def test_every_target_declares_the_oldest_tested_pair_and_pyproject_requires_it():
+    oldest = _versions.TESTED[0]
+    floors = {
+        "torch": ">=" + ".".join(oldest.torch.split(".")[:2]),
+        "torchvision": ">=" + ".".join(oldest.torchvision.split(".")[:2]),
+    }
+    assert _versions.supported("torch", "torchvision") == floors
+    patchers = {target.patcher for target in _patching._registry.values()}
+    assert len(patchers) >= 6
+    for name in patchers:
+        declared = getattr(importlib.import_module(name), "SUPPORTED", {})
+        assert declared == {k: floors[k] for k in declared}, (name, declared)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    for dist, floor in floors.items():
+        assert re.search(rf'"{dist}{re.escape(floor)}"', pyproject), (dist, floor)
