@@ -212,7 +212,12 @@ def _recorded(key: str) -> tuple[list[Trial], str | None]:
         return [], None
     try:
         trials = [
-            Trial(int(t["nproc"]), t.get("rate"), str(t.get("unit", "samples/s")), problem=t.get("problem"))
+            Trial(
+                int(t["nproc"]),
+                None if t.get("rate") is None else float(t["rate"]),
+                str(t.get("unit", "samples/s")),
+                problem=t.get("problem"),
+            )
             for t in record["trials"]
         ]
     except (TypeError, KeyError, ValueError):

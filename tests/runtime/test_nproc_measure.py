@@ -119,6 +119,10 @@ def test_a_measurement_is_kept_and_the_next_run_of_the_command_reads_it(monkeypa
     assert measure.recall(["-v"], ["train.py", "--epochs", "1"], facts_with(4)) == 2
     assert measure.figures()["chosen"] == 2
     assert measure.recall(["-v"], ["other.py"], facts_with(4)) is None
+    # a record someone edited into nonsense is no record
+    key = measure.record_key(["-v"], ["train.py", "--epochs", "1"], facts_with(4))
+    records.write_record(key, {"trials": [{"nproc": 1, "rate": "fast"}]}, measure.RECORD_FILE)
+    assert measure.recall(["-v"], ["train.py", "--epochs", "1"], facts_with(4)) is None
 
 
 def test_a_script_that_fails_or_ends_in_one_process_is_not_tried_with_more(monkeypatch, tmp_path):
