@@ -7,8 +7,8 @@ optimizer steps once nanopatch has settled what it measures itself (bf16 against
 steps are warm-up), write what they measured and end (the breakdown target does that part, in
 :mod:`nanopatch.targets.breakdown.measure`). The rate of a count is the samples all its ranks
 trained per second of the slowest rank (steps where no DataLoader tells the batch: each rank's
-batch is the script's, whatever the count). A count is chosen over fewer processes only where
-it trained at least :data:`MIN_GAIN` times as fast: more processes hold more memory.
+batch is the script's, whatever the count). The run trains with the fewest processes whose rate
+is within :data:`MIN_GAIN` of the fastest: more processes hold more memory.
 
 The figures are kept in ``nproc.json`` of nanopatch's cache folder, filed under the script, its
 arguments, the runner's options, the interpreter and the CPUs: the next run of the same command
@@ -48,7 +48,7 @@ FIGURES_VARIABLE = "NANOPATCH_NPROC_MEASURED"
 TIMEOUT_VARIABLE = "NANOPATCH_MEASURE_TIMEOUT"
 DEFAULT_STEPS = 5
 DEFAULT_TIMEOUT_S = 300.0
-#: more processes must train this many times as fast as the best of fewer to be chosen
+#: the fewest processes whose rate times this reaches the fastest rate are chosen
 MIN_GAIN = 1.05
 RECORD_FILE = "nproc.json"
 
@@ -104,20 +104,15 @@ def rate_of(ranks: Sequence[dict[str, Any]]) -> tuple[float | None, str]:
 
 
 def choose(trials: Sequence[Trial]) -> int:
-    """The count to train with: the fewest processes within :data:`MIN_GAIN` of the fastest
-    rate measured (1 where none was measured)."""
-    measured = [t for t in trials if t.rate]
+    """The count to train with: the fewest processes whose rate is within :data:`MIN_GAIN` of
+    the fastest measured (1 where none was measured)."""
+    measured = sorted((t for t in trials if t.rate), key=lambda t: t.nproc)
     if not measured:
         return 1
-    units = {t.unit for t in measured}
-    if len(units) > 1:  # samples for some counts only: compare the counts that agree with one process's unit
-        unit = next(t.unit for t in sorted(measured, key=lambda t: t.nproc))
-        measured = [t for t in measured if t.unit == unit]
-    best = measured[0]
-    for trial in sorted(measured, key=lambda t: t.nproc)[1:]:
-        if trial.rate >= best.rate * MIN_GAIN:  # type: ignore[operator]
-            best = trial
-    return best.nproc
+    if len({t.unit for t in measured}) > 1:  # samples for some counts only: those in one process's unit
+        measured = [t for t in measured if t.unit == measured[0].unit]
+    fastest = max(t.rate for t in measured)  # type: ignore[type-var]
+    return next(t.nproc for t in measured if t.rate * MIN_GAIN >= fastest)  # type: ignore[operator]
 
 
 def describe(trials: Sequence[Trial], chosen: int, when: str | None = None) -> str:

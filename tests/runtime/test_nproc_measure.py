@@ -70,6 +70,7 @@ def test_more_processes_are_chosen_only_where_they_are_clearly_faster():
     T = measure.Trial
     assert measure.choose([T(1, 100.0), T(2, 104.0), T(4, 103.0)]) == 1  # within 5%: fewer processes
     assert measure.choose([T(1, 100.0), T(2, 130.0), T(4, 150.0), T(8, 140.0)]) == 4
+    assert measure.choose([T(4, 109.0), T(2, 104.0), T(1, 100.0)]) == 2  # the fewest within 5% of the fastest
     assert measure.choose([T(1, 100.0), T(2, None, problem="failed (exit code 1)")]) == 1
     assert measure.choose([T(1, None, problem="the script ended before its steps could be timed")]) == 1
     line = measure.describe([T(1, 100.0), T(2, 150.0), T(4, None, problem="stopped after 300 s")], 2)
