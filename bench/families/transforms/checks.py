@@ -13,11 +13,13 @@ from families.transforms.pipelines import (
     MAX_GREY_LEVELS,
     MEAN_TOLERANCE,
     NANOPATCH,
-    PATCHED,
     SEED,
     STD,
     STOCK,
+    TENSOR,
+    TENSOR_NP,
     TOLERANCE,
+    UNDER_NANOPATCH,
     reseed,
     size_name,
 )
@@ -25,14 +27,15 @@ from families.transforms.pipelines import (
 
 class PatchStates:
     """Puts the process in the patch state a variant runs in: nothing patched for ``stock`` and
-    ``albumentations``, ``patch_torch(training=False, fast_decode=...)`` for the nanopatch ones
-    (freshly applied at each switch, so an option read at patch time takes effect)."""
+    ``albumentations`` and the tensor path, ``patch_torch(training=False, fast_decode=...)`` for
+    the nanopatch ones (freshly applied at each switch, so an option read at patch time takes
+    effect)."""
 
     def __init__(self) -> None:
         self.current: str | None = STOCK
 
     def how(self, variant: str) -> str:
-        if variant not in PATCHED:
+        if variant not in UNDER_NANOPATCH:
             return "nothing patched"
         return f"nanopatch.patch_torch(training=False, fast_decode={variant == FAST})"
 
@@ -42,7 +45,7 @@ class PatchStates:
         import nanopatch
 
         nanopatch.unpatch_torch()
-        if variant in PATCHED:
+        if variant in UNDER_NANOPATCH:
             nanopatch.patch_torch(training=False, fast_decode=variant == FAST)
         self.current = variant
 
@@ -81,6 +84,10 @@ def implementation(variant: str, datasets: dict[str, Any], states: PatchStates) 
     if variant == ALBU:
         info["reads"] = "cv2.imread(path) + cv2.cvtColor(BGR2RGB)"
         info["uses"] = "albumentations"
+        return info
+    if variant in (TENSOR, TENSOR_NP):
+        info["reads"] = "torchvision.io.decode_jpeg(read_file(path), RGB) -> uint8 CHW tensor"
+        info["uses"] = "transforms.v2 on uint8 tensors"
         return info
 
     import torchvision
@@ -182,5 +189,18 @@ def verify(sets: dict, paths: dict, states: PatchStates) -> dict[str, Any]:
             albu = grey_levels(stock, got[ALBU])
             check["albumentations_mean_grey_levels"] = float(albu.mean())
             check["albumentations_p99_grey_levels"] = float(np.percentile(albu, 99))
+        if TENSOR in got:
+            # v2 draws its crops from torch's generator as v1 does: every pipeline comparable
+            tensor = grey_levels(stock, got[TENSOR])
+            check["tensor_path_mean_grey_levels"] = float(tensor.mean())
+            check["tensor_path_p99_grey_levels"] = float(np.percentile(tensor, 99))
+            check["tensor_path_max_grey_levels"] = float(tensor.max())
+            # under nanopatch the tensor path must give the tensor path's values
+            under = np.concatenate([np.abs(x - y).ravel() for x, y in zip(got[TENSOR], got[TENSOR_NP], strict=True)])
+            assert float(under.max()) <= allowed and float(under.mean()) <= MEAN_TOLERANCE, (
+                f"{pipeline} {size_name(size)}: the tensor path under nanopatch differs from it stock by up to "
+                f"{float(under.max()):.4f}"
+            )
+            check["tensor_path_nanopatch_max_abs_diff"] = float(under.max())
         checks[f"{pipeline}|{size_name(size)}"] = check
     return checks

@@ -20,8 +20,14 @@ PIPELINES = ("train", "val", "train+jitter")
 MAX_GREY_LEVELS = {"train": 1, "val": 1, "train+jitter": 8}
 MEAN_TOLERANCE = 0.5 / 255 / min(STD)
 STOCK, NANOPATCH, FAST, ALBU = "stock", "nanopatch", "nanopatch fast decode", "albumentations"
-VARIANTS = (STOCK, NANOPATCH, FAST, ALBU)
+#: torchvision's tensor path, as its docs advise: decode to a uint8 tensor, transforms.v2 on it
+TENSOR, TENSOR_NP = "tv tensors", "tv tensors, nanopatch"
+VARIANTS = (STOCK, NANOPATCH, FAST, ALBU, TENSOR, TENSOR_NP)
 PATCHED = (NANOPATCH, FAST)
+#: the variants that run under patch_torch()
+UNDER_NANOPATCH = (NANOPATCH, FAST, TENSOR_NP)
+#: the variants whose pixels differ from stock by design (another resize, their own random draws)
+OTHER_PIXELS = (ALBU, TENSOR, TENSOR_NP)
 CLASS_DIR = "photo"  # the ImageFolder's one class
 #: (variant, pipeline, size) -> minimum ratio vs stock, from the issue. Printed, never asserted.
 TARGETS: dict[tuple[str, str, tuple[int, int]], float] = {
@@ -69,6 +75,58 @@ def torchvision_pipeline(name: str):
     return transforms.Compose([*steps, transforms.ToTensor(), normalize])
 
 
+def tensor_pipeline(name: str):
+    """The pipeline in ``transforms.v2`` on uint8 CHW tensors, as torchvision's docs write it:
+    the geometry on uint8, then ``ToDtype(float32, scale=True)`` and ``Normalize``."""
+    import torch
+    from torchvision.transforms import v2
+
+    tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(MEAN), std=list(STD))]
+    if name == "val":
+        return v2.Compose([v2.Resize(256, antialias=True), v2.CenterCrop(224), *tail])
+    steps = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
+    if name == "train+jitter":
+        steps.append(v2.ColorJitter(0.4, 0.4, 0.4, 0.1))
+    return v2.Compose([*steps, *tail])
+
+
+def files_dataset(samples: list[tuple[str, int]], read, transform, albumentations: bool = False):
+    """A Dataset over the ImageFolder's (path, class) samples: ``transform(read(path))``, or
+    ``transform(image=read(path))["image"]`` as albumentations is called."""
+    from torch.utils.data import Dataset
+
+    class FilesDataset(Dataset):
+        def __init__(self) -> None:
+            self.samples, self.transform = samples, transform
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, index: int):
+            path, target = self.samples[index]
+            image = read(path)
+            if albumentations:
+                return self.transform(image=image)["image"], target
+            return self.transform(image), target
+
+    return FilesDataset()
+
+
+def tensor_dataset(samples: list[tuple[str, int]], transform):
+    """What a user of the tensor path writes: each file read and decoded by ``torchvision.io``
+    into a uint8 RGB tensor."""
+    import warnings
+
+    from torchvision import io
+
+    def read(path: str):
+        with warnings.catch_warnings():  # torchvision 0.29 points its decoders at TorchCodec
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return io.decode_jpeg(io.read_file(path), mode=io.ImageReadMode.RGB)
+
+    return files_dataset(samples, read, transform)
+
+
 def albumentations_pipeline(name: str):
     """The albumentations equivalent. ColorJitter gets p=1 (its default is 0.5; torchvision's
     always applies), so both do the same work; the rest are albumentations' defaults."""
@@ -92,22 +150,10 @@ def albumentations_pipeline(name: str):
 def albumentations_dataset(samples: list[tuple[str, int]], transform):
     """What albumentations users write: a Dataset reading each file with cv2.imread, BGR -> RGB."""
     import cv2
-    from torch.utils.data import Dataset
 
-    class AlbumentationsFolder(Dataset):
-        def __init__(self, samples, transform):
-            self.samples = samples
-            self.transform = transform
-
-        def __len__(self):
-            return len(self.samples)
-
-        def __getitem__(self, index):
-            path, target = self.samples[index]
-            image = cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB)
-            return self.transform(image=image)["image"], target
-
-    return AlbumentationsFolder(samples, transform)
+    return files_dataset(
+        samples, lambda path: cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB), transform, albumentations=True
+    )
 
 
 def reseed(variant: str, dataset: Any, seed: int) -> None:

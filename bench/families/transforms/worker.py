@@ -23,12 +23,16 @@ from families.transforms.pipelines import (
     SEED,
     SMALL,
     STOCK,
+    TENSOR,
+    TENSOR_NP,
     VARIANTS,
     albumentations_dataset,
     albumentations_pipeline,
     dataset_files,
     reseed,
     size_name,
+    tensor_dataset,
+    tensor_pipeline,
     torchvision_pipeline,
 )
 
@@ -119,6 +123,9 @@ def worker(args: argparse.Namespace) -> int:
                 if variant == ALBU:
                     stock = sets[(pipeline, size)][STOCK]
                     dataset = albumentations_dataset(stock.samples, albumentations_pipeline(pipeline))
+                elif variant in (TENSOR, TENSOR_NP):
+                    stock = sets[(pipeline, size)][STOCK]
+                    dataset = tensor_dataset(stock.samples, tensor_pipeline(pipeline))
                 else:
                     dataset = torchvision.datasets.ImageFolder(str(root), transform=torchvision_pipeline(pipeline))
                     found = sorted(Path(p) for p, _ in dataset.samples)
