@@ -280,14 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return compare(
             _without_compare(own), target_argv, cuda_to_cpu=cuda_to_cpu, plot=opts.plot, try_compile=opts.try_compile
         )
-    if opts.nproc == "measure":
-        from nanopatch.runtime import measure
+    from nanopatch.runtime import measure
 
+    if opts.nproc == "measure":
         chosen, _, _ = measure.measure(own, target_argv)
         opts.nproc = chosen if chosen > 1 else None
     elif not opts.rank_worker:
-        from nanopatch.runtime import measure
-
         measure.recall(own, target_argv)  # an earlier measurement of this command: for the advice
     # The runtime is tuned first, and the interpreter may start again here to preload an
     # allocator: everything after this runs once, in the final interpreter.

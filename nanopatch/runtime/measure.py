@@ -32,10 +32,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nanopatch.foundation import argv, cpu, records
+from nanopatch.runtime import tuning
 from nanopatch.runtime.tuning import REEXEC_MARKER
 
 #: where a trial's processes write what they measured (a folder; one file per rank)
@@ -60,9 +61,7 @@ class Trial:
     nproc: int
     rate: float | None = None
     unit: str = "samples/s"
-    seconds: float = 0.0  # the trial's wall time, start-up included
     problem: str | None = None
-    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"nproc": self.nproc, "rate": self.rate, "unit": self.unit, "problem": self.problem}
@@ -70,7 +69,7 @@ class Trial:
 
 def candidates(facts: cpu.CpuFacts) -> list[int]:
     """1, 2, 4, ... up to one process per physical core the run may use."""
-    cores = len(facts.cores or tuple((c,) for c in facts.allowed_cpus))
+    cores = len(tuning.cores_of(facts, None))
     counts, n = [], 1
     while n <= cores:
         counts.append(n)
@@ -185,8 +184,6 @@ def run_trial(nproc: int, options: Sequence[str], target: Sequence[str], steps: 
                     time.sleep(0.05)
             finally:
                 _stop(process)
-        trial.seconds = time.perf_counter() - started
-        trial.ranks = ranks
         if len(ranks) >= nproc:
             trial.rate, trial.unit = rate_of(ranks)
         elif trial.problem is None:

@@ -250,7 +250,7 @@ def plan(
         else:
             settings.append(Setting(name, value, reason))
 
-    cores = _cores_of(facts, cpus)
+    cores = cores_of(facts, cpus)
     threads = max(1, len(cores))
     why = f"{threads} physical core(s) in this process's CPU set"
     quota = facts.cpu_quota
@@ -300,7 +300,9 @@ def plan(
     return Plan(tuple(settings), threads, pinned, openmp, path)
 
 
-def _cores_of(facts: cpu.CpuFacts, cpus: Sequence[int] | None) -> tuple[tuple[int, ...], ...]:
+def cores_of(facts: cpu.CpuFacts, cpus: Sequence[int] | None) -> tuple[tuple[int, ...], ...]:
+    """The physical cores (each a tuple of its CPUs) among ``cpus`` (every allowed CPU when None);
+    a CPU whose core is unknown counts as a core of its own."""
     if cpus is None:
         return facts.cores or tuple((c,) for c in facts.allowed_cpus)
     wanted = set(cpus)
@@ -353,8 +355,8 @@ def auto_nproc(facts: cpu.CpuFacts, cores_per_proc: int | None = None) -> int:
     """``--nproc auto``: one process per socket (OpenMP scales well within a socket and
     poorly across one), or as many as ``cores_per_proc`` allows."""
     if cores_per_proc:
-        return max(1, len(_cores_of(facts, None)) // cores_per_proc)
-    return max(1, min(facts.sockets, len(_cores_of(facts, None))))
+        return max(1, len(cores_of(facts, None)) // cores_per_proc)
+    return max(1, min(facts.sockets, len(cores_of(facts, None))))
 
 
 def process_cpus(
@@ -379,7 +381,7 @@ def process_cpus(
                 raise ValueError(f"--cpus: CPU(s) {cpu_list_text(twice)} are in more than one process's set")
             seen |= set(group)
         return groups
-    cores = _cores_of(facts, None)
+    cores = cores_of(facts, None)
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, not {nproc}")
     if cores_per_proc is not None:
