@@ -8,8 +8,9 @@ imports neither torchvision nor OpenCV; patches for a library are applied when t
 is imported (or at once if it already is).
 """
 
-from nanopatch.engine._patching import is_patched, patch_torch, patched, status, unpatch_torch, unpatched
-from nanopatch.foundation._log import NanopatchWarning
+from nanopatch import targets as _targets  # noqa: F401  (registers nanopatch's own targets with the engine)
+from nanopatch.engine import is_patched, patch_torch, patched, status, unpatch_torch, unpatched
+from nanopatch.foundation.log import NanopatchWarning
 
 __version__ = "0.1.0"
 

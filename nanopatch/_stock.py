@@ -3,7 +3,7 @@ nanopatch/runner/_stock.py."""
 
 import sys
 
-from nanopatch.runner._stock import main
+from nanopatch.runner.stock import main
 
 __all__ = ["main"]
 

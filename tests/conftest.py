@@ -116,10 +116,10 @@ def fresh_log_once(monkeypatch):
     """Forget which one-time messages were already said, so a test can see them."""
     import weakref
 
-    from nanopatch.foundation import _log
+    from nanopatch.foundation import log
 
-    monkeypatch.setattr(_log, "_said", set())
-    monkeypatch.setattr(_log, "_said_about", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(log, "_said", set())
+    monkeypatch.setattr(log, "_said_about", weakref.WeakKeyDictionary())
 
 
 @pytest.fixture(scope="session")

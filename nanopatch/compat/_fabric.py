@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from lightning.fabric.strategies import DDPStrategy
 
-from nanopatch.runtime._processes import end_with_parent
+from nanopatch.runtime.processes import end_with_parent
 
 from .lightning import _Pinning
 

@@ -4,7 +4,7 @@ A subclass of Lightning's own ``Trainer`` that also takes BigDL-Nano's switches,
 meaning and defaults:
 
 * ``num_processes=1``: train on N processes of this machine with Lightning's DDP over gloo,
-  forked (:mod:`._processes`: the script's code runs once, without a main guard; where fork
+  forked (:mod:`nanopatch.runtime.processes`: the script's code runs once, without a main guard; where fork
   is unsafe, Lightning runs the script again for each other rank). Each process is pinned to
   its share of the physical cores (the runner's split, or ``cpu_for_each_process``) with as
   many threads as it has cores.
@@ -34,10 +34,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 from nanopatch.foundation import cpu
-from nanopatch.foundation._log import warn_once
-from nanopatch.runtime import _processes
+from nanopatch.foundation.log import warn_once
+from nanopatch.runtime import processes
 from nanopatch.runtime import tuning as runtime
 
 logger = logging.getLogger("nanopatch")
@@ -319,7 +319,7 @@ def _build(package: str) -> type:
 
         def setup_environment(self) -> None:
             if self._start_method == "fork":
-                _processes.end_with_parent()
+                processes.end_with_parent()
             self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
             self._pinning.apply()
             super().setup_environment()
@@ -405,7 +405,7 @@ def _build(package: str) -> type:
                 ipex_ok = use_ipex and _ipex_usable()
                 # forked (Lightning's ddp_fork), so the script's top-level code runs once; where
                 # fork is unsafe, Lightning's default: the script is run again for each other rank
-                start = {} if _processes.why_not_fork() else {"start_method": "fork"}
+                start = {} if processes.why_not_fork() else {"start_method": "fork"}
                 kwargs["strategy"] = PinnedDDPStrategy(groups, ipex_bf16=engine_bf16 if ipex_ok else None, **start)
                 kwargs["devices"] = num_processes
                 if auto_lr:
@@ -433,11 +433,11 @@ def _build(package: str) -> type:
             forked = isinstance(self.strategy, PinnedDDPStrategy) and self.strategy._start_method == "fork"
             with contextlib.ExitStack() as stack:
                 if forked:
-                    stack.enter_context(_processes.launching())
+                    stack.enter_context(processes.launching())
                 if self._engine is None:
                     yield
                     return
-                stack.enter_context(_patching.patched(**self._engine))
+                stack.enter_context(engine.patched(**self._engine))
                 yield
                 if self._engine["ipex"] and self.state.fn == "fit" and not forked:  # forked: each rank says it
                     warn_if_ipex_unused("Trainer", self.ipex_applied)

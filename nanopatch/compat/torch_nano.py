@@ -8,7 +8,7 @@ Both run on Lightning Fabric (the maintained successor of the LightningLite that
 TorchNano was built on) when Lightning is installed: ``num_processes=N`` starts N processes,
 each pinned to its share of the physical cores, with Fabric's DDP over gloo, sharded loaders
 and averaged gradients; the return value is rank 0's. The processes are forked
-(:mod:`._processes`): called at a script's top level, without a main guard, with closures and
+(:mod:`nanopatch.runtime.processes`): called at a script's top level, without a main guard, with closures and
 lambdas in reach, the script's code runs once. ``precision='bf16'`` is Fabric's bf16 autocast;
 ``channels_last`` and ``use_ipex`` (and bf16 with IPEX) are nanopatch's training engine, on
 while ``train`` runs. Without Lightning, the same runs on nanopatch's own engine: N pinned
@@ -29,9 +29,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from nanopatch.engine import _patching
-from nanopatch.foundation._log import log_once
-from nanopatch.runtime import _processes, loopback
+from nanopatch import engine
+from nanopatch.foundation.log import log_once
+from nanopatch.runtime import loopback, processes
 
 from .lightning import (
     LrWarmup,
@@ -178,8 +178,8 @@ class TorchNano:
         # pipe's buffer would block rank 0 until the caller reads, and the caller reads once all ended
         with tempfile.TemporaryDirectory(prefix="nanopatch-") as folder:
             result = os.path.join(folder, "rank0.pickle")
-            method = _processes.fork_or_spawn(type(self).__name__)
-            with _processes.launching():
+            method = processes.fork_or_spawn(type(self).__name__)
+            with processes.launching():
                 if fabric_available():
                     _make_fabric(self, method).launch(_run, self, args, kwargs, result)
                 else:
@@ -196,7 +196,7 @@ class TorchNano:
         if options is None:
             yield
             return
-        with _patching.patched(**options):
+        with engine.patched(**options):
             yield
             if options["ipex"]:
                 warn_if_ipex_unused(type(self).__name__, self._ipex_applied)
@@ -341,7 +341,7 @@ def _spawned_rank(rank: int, nano: TorchNano, args: tuple, kwargs: dict, port: i
 
     from .lightning import _Pinning
 
-    _processes.end_with_parent()
+    processes.end_with_parent()
     world = str(nano.num_processes)
     os.environ.update(
         MASTER_ADDR=loopback.LOOPBACK,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanopatch.foundation import cpu
-from nanopatch.foundation._log import log_once, warn_once
+from nanopatch.foundation.log import log_once, warn_once
 
 ENV_PREFIX = "NANOPATCH_"
 
@@ -22,7 +22,7 @@ ENV_PREFIX = "NANOPATCH_"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: ``compile="auto"``: the model runs eagerly, and is compiled (torch.compile's default mode) only
 #: where a measurement on the run's own steps finds that it pays (see
-#: :mod:`nanopatch.targets.training.compile_choice`)
+#: the training target's compile_choice)
 COMPILE_AUTO = "auto"
 
 _TRUE = ("1", "true", "yes", "on")

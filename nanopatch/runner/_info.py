@@ -15,8 +15,7 @@ import sys
 from typing import Any
 
 from nanopatch import __version__
-from nanopatch.engine import _versions, config
-from nanopatch.engine._patching import status
+from nanopatch.engine import config, status, versions
 from nanopatch.foundation import cpu
 from nanopatch.runtime import tuning as runtime
 
@@ -139,7 +138,7 @@ def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None
         "cpu": facts.as_dict(),
         "packages": {name: config.distribution_version(name) for name in _DISTRIBUTIONS},
         "torch": _torch_report(),
-        "torch_support": _versions.torch_support().as_dict(),
+        "torch_support": versions.torch_support().as_dict(),
         "ipex": {"compatible": ipex_ok, "reason": ipex_reason},
         "libturbojpeg": libturbojpeg_report(),
         "opencv": _opencv_report(),

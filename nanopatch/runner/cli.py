@@ -20,7 +20,7 @@ from typing import Any
 from nanopatch import __version__
 from nanopatch.engine import config
 from nanopatch.foundation import argv as words
-from nanopatch.foundation._log import configure_stderr
+from nanopatch.foundation.log import configure_stderr
 from nanopatch.runtime import launch
 from nanopatch.runtime import tuning as runtime
 

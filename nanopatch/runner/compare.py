@@ -383,13 +383,13 @@ def _patched_account() -> dict:
     really ran through them, in every process, is :mod:`nanopatch.foundation.usage`'s), and the
     CPU runtime variables the runner set (``runtime``). Empty in a run nothing patched
     (``--compare``'s stock run)."""
-    from nanopatch.engine import _patching
+    from nanopatch import engine
     from nanopatch.runtime import tuning
 
-    config = _patching.active_config()
+    config = engine.active_config()
     if config is None:
         return {}
-    state, detail = _patching.target_state("vision")
+    state, detail = engine.target_state("vision")
     account: dict = {"options": config.as_dict(), "vision": {"state": state, "detail": detail}}
     account["runtime"] = {
         name: os.environ[name] for name in sorted(tuning.tuned_names(os.environ)) if name in os.environ

@@ -65,7 +65,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_source():
     graph = import_graph()
     assert "nanopatch.targets.training.patch" in graph["nanopatch.targets.parallel.patch"]
-    assert "nanopatch.engine._patching" in graph["nanopatch.targets.training.discovery"]
+    assert "nanopatch.engine" in graph["nanopatch.targets.training.discovery"]
 
 
 def test_no_import_cycle_between_nanopatchs_modules():
@@ -73,9 +73,9 @@ def test_no_import_cycle_between_nanopatchs_modules():
 
 
 def test_every_target_lives_in_a_patch_module_or_its_package():
-    from nanopatch.engine import _patching
+    from nanopatch import engine
 
-    for target in _patching.targets():
+    for target in engine.targets():
         package = target.patcher.rsplit(".", 1)[0]
         assert target.patcher.endswith(".patch") or f"{package}.patch" in import_graph(), target
 
@@ -150,3 +150,83 @@ def test_targets_import_each_other_only_where_the_page_says():
             if theirs != mine and layers[theirs][1] == "targets" and (mine, theirs) not in BETWEEN_TARGETS:
                 wrong.append(f"{module} imports {other}")
     assert not wrong, "\n".join(wrong)
+
+
+# --- public rooms ----------------------------------------------------------------------
+
+
+def _private_imports(source: str, name: str, is_package: bool, modules: set[str]) -> list[str]:
+    """What module ``name`` (its ``source``) imports with a leading underscore from outside the package
+    that owns it: a module ``a.b._c`` may be imported from within ``a.b`` only, a name ``_x``
+    of ``a.b.m`` from within ``a.b`` only."""
+    package = name.split(".") if is_package else name.split(".")[:-1]
+
+    def inside(owner: list[str]) -> bool:
+        return name.split(".")[: len(owner)] == owner
+
+    wrong = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
+            targets = [
+                (f"{base}.{a.name}", None) if f"{base}.{a.name}" in modules else (base, a.name) for a in node.names
+            ]
+        else:
+            continue
+        for module, attr in targets:
+            parts = module.split(".")
+            if parts[0] != "nanopatch":
+                continue
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__") and not inside(parts[:i]):
+                    wrong.append(f"{name} imports {module}")
+            if (
+                attr is not None
+                and attr.startswith("_")
+                and not inside(parts if module in _packages(modules) else parts[:-1])
+            ):
+                wrong.append(f"{name} imports {module}.{attr}")
+    return wrong
+
+
+def _packages(modules: set[str]) -> set[str]:
+    return {m for m in modules if (ROOT.parent / m.replace(".", "/") / "__init__.py").exists()}
+
+
+def test_no_module_imports_an_underscore_name_from_another_package():
+    modules = {_module_name(path): path for path in ROOT.rglob("*.py")}
+    wrong = [
+        w
+        for name, path in modules.items()
+        for w in _private_imports(path.read_text(), name, path.name == "__init__.py", set(modules))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_of_underscore_names_catches_one():
+    modules = {_module_name(path) for path in ROOT.rglob("*.py")} | {"nanopatch.runtime._hidden"}
+    probe = ROOT / "targets" / "training" / "patch.py"
+    assert _private_imports(probe.read_text(), "nanopatch.targets.training.patch", False, modules) == []
+    source = "from nanopatch.runtime import _hidden\nfrom nanopatch.runtime.tuning import _cpu_list\n"
+    found = _private_imports(source, "nanopatch.targets.training.probe", False, modules)
+    inside = _private_imports(source, "nanopatch.runtime.launch", False, modules)
+    assert inside == []
+    assert found == [
+        "nanopatch.targets.training.probe imports nanopatch.runtime._hidden",
+        "nanopatch.targets.training.probe imports nanopatch.runtime.tuning._cpu_list",
+    ]
+
+
+def test_the_engine_names_no_target():
+    """The built-in targets are listed in nanopatch/targets/__init__.py; the engine knows none."""
+    for path in (ROOT / "engine").glob("*.py"):
+        assert not re.search(r"nanopatch\.targets", path.read_text()), path
+    from nanopatch import engine
+
+    assert [t.name for t in engine.targets()][:3] == ["cuda_to_cpu", "cuda_extensions", "vision"]

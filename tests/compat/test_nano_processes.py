@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nanopatch.foundation import cpu
-from nanopatch.runtime import _processes
+from nanopatch.runtime import processes
 from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, child_env, run_rank_script
@@ -189,7 +189,7 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
     first parallel region with two threads hangs, unless the parent's pool was released first."""
     code = """
         import torch, torch.multiprocessing as mp
-        from nanopatch.runtime import _processes
+        from nanopatch.runtime import processes
 
         def work(rank):
             torch.set_num_threads(2)
@@ -201,8 +201,8 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
         x = torch.randn(1024, 1024)
         for _ in range(5):
             x = (x @ x).tanh()  # the parent's OpenMP pool is up
-        assert _processes.why_not_fork() is None
-        with _processes.forking():
+        assert processes.why_not_fork() is None
+        with processes.forking():
             mp.start_processes(work, nprocs=2, start_method="fork")
         x @ x  # and the parent's next parallel region starts a pool of its own
         print("forked and back")
@@ -216,7 +216,7 @@ def test_forking_releases_openmp_so_a_forked_process_can_run_several_threads(tmp
 FAILING_RANKS = """
 import multiprocessing.util, os, signal, sys, time
 import torch.multiprocessing as mp
-from nanopatch.runtime import _processes
+from nanopatch.runtime import processes
 
 def work(rank, folder):
     raised = os.path.join(folder, "raised")
@@ -236,7 +236,7 @@ if __name__ == "__main__":
     folder, method, block, after = sys.argv[1:]
     DIES = after == "dies"
     try:
-        with _processes.launching() if block == "launching" else _processes.forking():
+        with processes.launching() if block == "launching" else processes.forking():
             mp.start_processes(work, args=(folder,), nprocs=2, start_method=method)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         print("reported", exc.error_index, "ValueError: rank 1 found a bad batch" in str(exc), type(exc).__name__)
@@ -274,27 +274,27 @@ def test_the_caller_sees_the_rank_that_raised_first(tmp_path, method, block, aft
 
 def test_only_launches_release_openmp_before_a_fork(monkeypatch):
     released = []
-    monkeypatch.setattr(_processes, "release_openmp", lambda: released.append(1))
-    _processes._before_fork()
+    monkeypatch.setattr(processes, "release_openmp", lambda: released.append(1))
+    processes._before_fork()
     assert released == []  # a DataLoader worker's fork outside a launch costs nothing
-    with _processes.forking():
-        _processes._before_fork()
-    assert released == [1] and _processes._launches == 0
+    with processes.forking():
+        processes._before_fork()
+    assert released == [1] and processes._launches == 0
 
 
 def test_a_rank_ends_only_when_its_launcher_is_gone(monkeypatch):
     """A forked rank whose launcher died before it could ask to be ended with it ends at once;
     one whose launcher is PID 1 (a container's training script) trains, as any other."""
     ended = []
-    monkeypatch.setattr(_processes.os, "_exit", ended.append)
-    monkeypatch.setattr(_processes.ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("no prctl here")))
-    monkeypatch.setattr(_processes.os, "getppid", lambda: 1)
-    monkeypatch.setattr(_processes, "_launcher", 1)  # the script is PID 1, and alive
-    _processes.end_with_parent()
+    monkeypatch.setattr(processes.os, "_exit", ended.append)
+    monkeypatch.setattr(processes.ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("no prctl here")))
+    monkeypatch.setattr(processes.os, "getppid", lambda: 1)
+    monkeypatch.setattr(processes, "_launcher", 1)  # the script is PID 1, and alive
+    processes.end_with_parent()
     assert ended == []
-    monkeypatch.setattr(_processes, "_launcher", 4242)  # the launcher died: reparented to PID 1
-    _processes.end_with_parent()
+    monkeypatch.setattr(processes, "_launcher", 4242)  # the launcher died: reparented to PID 1
+    processes.end_with_parent()
     assert ended == [1]
-    monkeypatch.setattr(_processes, "_launcher", None)  # spawned: nothing inherited to compare with
-    _processes.end_with_parent()
+    monkeypatch.setattr(processes, "_launcher", None)  # spawned: nothing inherited to compare with
+    processes.end_with_parent()
     assert ended == [1]

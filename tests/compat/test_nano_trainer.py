@@ -16,7 +16,7 @@ import torch
 
 from nanopatch import NanopatchWarning
 from nanopatch.compat import lightning as nano_lightning
-from nanopatch.foundation import _log, cpu
+from nanopatch.foundation import cpu, log
 from nanopatch.runtime import tuning as runtime
 
 from conftest import TESTS_DIR, child_env, run_python, run_rank_script
@@ -87,7 +87,7 @@ def test_import_nanopatch_imports_no_lightning():
 def test_bf16_without_native_support_falls_back_with_one_warning(monkeypatch):
     facts = dataclasses.replace(cpu.host_facts(), native_bf16=False, bf16_reason="no avx512_bf16 or amx_bf16")
     monkeypatch.setattr(nano_lightning.cpu, "host_facts", lambda: facts)
-    monkeypatch.setattr(_log, "_said", set())
+    monkeypatch.setattr(log, "_said", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert nano_lightning.lightning_precision("bf16", use_ipex=False) == ("32-true", False)
@@ -392,7 +392,7 @@ def test_use_ipex_without_a_usable_ipex_warns_once_and_trains(tmp_path, monkeypa
     ok, why = config.ipex_compatibility()
     if ok:
         pytest.skip("IPEX is usable here: tests/training/test_ipex.py covers the IPEX path")
-    monkeypatch.setattr(_log, "_said", set())
+    monkeypatch.setattr(log, "_said", set())
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
     x, y = torch.randn(16, 3, 8, 8), torch.randint(0, 2, (16,))

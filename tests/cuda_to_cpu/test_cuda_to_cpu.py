@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import nanopatch
+from nanopatch import engine
 from nanopatch.cuda.standins import NoCpuEquivalent
-from nanopatch.engine import _patching
 from nanopatch.foundation import cpu
 from nanopatch.learning import compare
 
@@ -186,7 +186,7 @@ def redirected():
 
 
 def _cuda_records() -> list:
-    return [r for r in _patching._journal.records() if r.target in ("cuda_to_cpu", "cuda_extensions")]
+    return [r for r in engine.JOURNAL.records() if r.target in ("cuda_to_cpu", "cuda_extensions")]
 
 
 def test_unpatch_restores_every_attribute_exactly():
@@ -207,7 +207,7 @@ def test_unpatch_restores_every_attribute_exactly():
         (torch.amp.grad_scaler.GradScaler, "__init__"),
         (torch.amp.autocast_mode.autocast, "__init__"),
     }
-    before = {(owner, name): _patching.raw_attribute(owner, name) for owner, name in watched}
+    before = {(owner, name): engine.raw_attribute(owner, name) for owner, name in watched}
     looked_up = {(owner, name): getattr(owner, name) for owner, name in watched}
     nanopatch.patch_torch(cuda_to_cpu=True, vision=False, training=False)
     records = _cuda_records()
@@ -218,10 +218,10 @@ def test_unpatch_restores_every_attribute_exactly():
         assert getattr(owner, name) is not looked_up[(owner, name)], (owner, name)
     nanopatch.unpatch_torch()
     for entry in records:
-        now = _patching.raw_attribute(entry.owner, entry.name)
+        now = engine.raw_attribute(entry.owner, entry.name)
         assert now is entry.original, entry.where
     for key, value in before.items():
-        assert _patching.raw_attribute(*key) is value
+        assert engine.raw_attribute(*key) is value
         assert getattr(*key) is looked_up[key] or key[1] == "__init__"  # a class's function binds anew
     assert torch.cuda.is_available() is False
 
@@ -271,10 +271,10 @@ def test_devices_and_factories_land_on_the_cpu(redirected):
 
 
 def test_torch_itself_keeps_the_machines_answer(redirected):
-    stock = _patching.original("cuda_to_cpu", torch.cuda, "is_available")()
+    stock = engine.original("cuda_to_cpu", torch.cuda, "is_available")()
     namespace = {"__name__": "torch.somewhere", "torch": torch}
     exec("answer = torch.cuda.is_available(), torch.cuda.device_count()", namespace)
-    assert namespace["answer"] == (stock, _patching.original("cuda_to_cpu", torch.cuda, "device_count")())
+    assert namespace["answer"] == (stock, engine.original("cuda_to_cpu", torch.cuda, "device_count")())
     assert torch.cuda.is_available() is True
 
 

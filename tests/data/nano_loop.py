@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
 import nanopatch.compat.torch_nano
-import nanopatch.runtime._processes
+import nanopatch.runtime.processes
 
 
 def make_model():
@@ -110,7 +110,7 @@ ARGS = parse()  # at import: spawned processes import this file again, with the 
 if ARGS.no_fabric:
     nanopatch.compat.torch_nano.fabric_available = lambda: False
 if ARGS.spawn:
-    nanopatch.runtime._processes.why_not_fork = lambda: "as a test asks"
+    nanopatch.runtime.processes.why_not_fork = lambda: "as a test asks"
 SWITCHES = {
     "num_processes": ARGS.num_processes,
     "precision": ARGS.precision,

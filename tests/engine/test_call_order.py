@@ -15,7 +15,7 @@ import sys
 import nanopatch
 from helpers import demo_targets
 from helpers import demo_training
-from nanopatch.engine import _patching
+from nanopatch import engine
 demo_targets.register()
 """
 
@@ -30,7 +30,7 @@ CASES = {
         nanopatch.unpatch_torch()
         demo_targets.assert_same(before)
         demo_targets.assert_stock()
-        assert _patching._journal.records() == []
+        assert engine.JOURNAL.records() == []
     """,
     "patch-then-import": """
         nanopatch.patch_torch()
@@ -68,7 +68,7 @@ CASES = {
         nanopatch.unpatch_torch()
         import torchvision.transforms as T  # the pending hook fires, but must do nothing
         demo_targets.assert_stock()
-        assert _patching._journal.records() == []
+        assert engine.JOURNAL.records() == []
         nanopatch.patch_torch()
         demo_targets.assert_patched()
     """,
@@ -77,11 +77,11 @@ CASES = {
         before = demo_targets.snapshot()
         nanopatch.patch_torch()
         after_one = demo_targets.snapshot()
-        records = len(_patching._journal.records())
+        records = len(engine.JOURNAL.records())
         nanopatch.patch_torch()
         nanopatch.patch_torch(vision=True)  # same resolved options: still a no-op
         assert demo_targets.snapshot() == after_one
-        assert len(_patching._journal.records()) == records
+        assert len(engine.JOURNAL.records()) == records
         demo_targets.assert_patched()  # also checks Optimizer.__init__ is wrapped once
         model = torch.nn.Linear(2, 2)
         torch.optim.SGD(model.parameters(), lr=0.1)
@@ -216,7 +216,7 @@ def test_call_order(case):
 REAL_PREAMBLE = """
 import sys
 import nanopatch
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 OPTIONS = dict(vision=True, training=True, data_parallel=True, bf16=True, channels_last=True, ipex=False)
 
@@ -224,15 +224,15 @@ OPTIONS = dict(vision=True, training=True, data_parallel=True, bf16=True, channe
 def places():
     # every replaced attribute with its first original (two targets may wrap the same one)
     first = {}
-    for r in _patching._journal.records():
+    for r in engine.JOURNAL.records():
         first.setdefault((id(r.owner), r.name), (r.owner, r.name, r.original))
     return list(first.values())
 
 
 def assert_all_stock(places):
     for owner, name, original in places:
-        assert _patching.raw_attribute(owner, name) is original, (owner, name)
-    assert _patching._journal.records() == [] and _patching._journal.changes() == []
+        assert engine.raw_attribute(owner, name) is original, (owner, name)
+    assert engine.JOURNAL.records() == [] and engine.JOURNAL.changes() == []
 
 
 def train_a_little():
@@ -249,7 +249,7 @@ def train_a_little():
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-    assert "forward" in vars(model) and _patching._journal.changes("training")
+    assert "forward" in vars(model) and engine.JOURNAL.changes("training")
     return model, optimizer, loader
 """
 
@@ -260,7 +260,7 @@ REAL_CASES = {
         nanopatch.patch_torch(**OPTIONS)
         assert "torch" not in sys.modules
         import torch, torchvision.transforms, torchvision.transforms.v2
-        targets = {r.target for r in _patching._journal.records()}
+        targets = {r.target for r in engine.JOURNAL.records()}
         assert {"vision", "training", "distributed"} <= targets, targets
         replaced = places()
         model, optimizer, loader = train_a_little()
@@ -299,11 +299,11 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
     """A target that fails half-way leaves everything stock, logs once, and the user's import
     of torchvision (which fires the hook) still succeeds."""
     (tmp_path / "broken_target.py").write_text(
-        "from nanopatch.engine import _patching\n"
+        "from nanopatch import engine\n"
         "SUPPORTED = {}\n"
         "def patch(config):\n"
         "    import torchvision.transforms as T\n"
-        "    _patching.replace(T, 'RandomErasing', object())\n"
+        "    engine.replace(T, 'RandomErasing', object())\n"
         "    raise RuntimeError('half-way')\n"
         "def unpatch():\n"
         "    pass\n"
@@ -312,8 +312,8 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
         import nanopatch
-        from nanopatch.engine import _patching
-        _patching.register(_patching.Target("broken", "vision", "torchvision", "broken_target"))
+        from nanopatch import engine
+        engine.register(engine.Target("broken", "vision", "torchvision", "broken_target"))
         nanopatch.patch_torch()
         import torchvision.transforms as T
         assert T.RandomErasing is T.transforms.RandomErasing
@@ -340,8 +340,8 @@ def test_unsupported_version_is_left_stock(tmp_path):
     )
     code = """
         import nanopatch, torchvision.transforms as T
-        from nanopatch.engine import _patching
-        _patching.register(_patching.Target("future", "vision", "torchvision", "future_target"))
+        from nanopatch import engine
+        engine.register(engine.Target("future", "vision", "torchvision", "future_target"))
         nanopatch.patch_torch()
         target = nanopatch.status()["targets"]["future"]
         assert target["state"] == "unsupported" and "outside the supported range >=99" in target["detail"], target

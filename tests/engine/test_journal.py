@@ -17,7 +17,7 @@ from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
-from nanopatch.engine import _patching
+from nanopatch import engine
 from nanopatch.targets.parallel import patch as distributed
 from nanopatch.targets.training import patch as training
 
@@ -84,7 +84,7 @@ def test_unpatch_leaves_no_change_on_models_optimizers_and_torchs_hooks():
     assert not optimizer._optimizer_state_dict_post_hooks
     assert not optimizer._optimizer_load_state_dict_post_hooks
     assert global_hooks() == hooks_before
-    assert _patching._journal.changes() == [] and _patching._journal.records() == []
+    assert engine.JOURNAL.changes() == [] and engine.JOURNAL.records() == []
 
 
 def test_a_model_dropped_while_patched_is_not_kept_alive_by_the_journal():
@@ -94,11 +94,11 @@ def test_a_model_dropped_while_patched_is_not_kept_alive_by_the_journal():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(TensorDataset(torch.randn(8, 3, 8, 8), torch.ones(8)), batch_size=4)
     train(model, optimizer, loader)
-    assert any(c.where.endswith(".forward") for c in _patching._journal.changes("training"))
+    assert any(c.where.endswith(".forward") for c in engine.JOURNAL.changes("training"))
     del model, optimizer, loader
     gc.collect()
     gc.collect()  # the model's cycle (it and its forward) first, then its head's
-    left = [c.where for c in _patching._journal.changes("training")]
+    left = [c.where for c in engine.JOURNAL.changes("training")]
     assert not any(where.endswith(".forward") or where.startswith("SGD(") for where in left), left
 
 
@@ -178,7 +178,7 @@ def test_unpatch_from_another_thread_while_a_discovered_call_runs():
     worker.join(30)
     assert seen["autocast after the call"] is False, seen
     assert global_hooks() == hooks_before
-    assert _patching._journal.changes() == [] and "forward" not in vars(model)
+    assert engine.JOURNAL.changes() == [] and "forward" not in vars(model)
 
 
 @pytest.mark.parametrize("by_hand", [False, True], ids=["stock-layout", "users-channels-last"])

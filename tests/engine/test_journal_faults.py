@@ -10,14 +10,14 @@ import json
 import textwrap
 import types
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 from conftest import run_python
 
 PRELUDE = """
 import json, sys, types
 import nanopatch
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 def target(name, module, patch, option="vision"):
     patcher = types.ModuleType(f"patcher_{name}")
@@ -25,10 +25,10 @@ def target(name, module, patch, option="vision"):
     patcher.patch = patch
     patcher.unpatch = lambda: None
     sys.modules[patcher.__name__] = patcher
-    _patching.register(_patching.Target(name, option, module, patcher.__name__))
+    engine.register(engine.Target(name, option, module, patcher.__name__))
 
-for real in [t.name for t in _patching.targets()]:
-    _patching.unregister(real)  # only this test's targets
+for real in [t.name for t in engine.targets()]:
+    engine.unregister(real)  # only this test's targets
 """
 
 
@@ -49,7 +49,7 @@ def test_a_failing_undo_does_not_stop_the_others(caplog):
     guarded = _RefusingMeta("Guarded", (), {"value": "original", "armed": False})
     plain = types.ModuleType("plain")
     plain.value = "original"
-    journal = _patching.Journal()
+    journal = engine.Journal()
     journal.replace("t", plain, "value", "first")
     journal.replace("t", guarded, "value", "patched")
     journal.replace("t", plain, "other", "added")
@@ -71,15 +71,15 @@ def test_unpatch_after_a_refused_undo_leaves_a_consistent_state(tmp_path):
                 super().__setattr__(name, value)
         Guarded = Meta("Guarded", (), {"value": "original", "armed": False})
         def patch(config):
-            _patching.replace(Guarded, "value", "patched")
-            _patching.replace(plain, "value", "patched")
+            engine.replace(Guarded, "value", "patched")
+            engine.replace(plain, "value", "patched")
         target("faulty", "plain_mod", patch)
         nanopatch.patch_torch()
         type.__setattr__(Guarded, "armed", True)
         nanopatch.unpatch_torch()
         state = nanopatch.status()
         print(json.dumps({"plain": plain.value, "patched": nanopatch.is_patched(),
-                          "state": state["targets"]["faulty"]["state"], "records": len(_patching._journal.records())}))
+                          "state": state["targets"]["faulty"]["state"], "records": len(engine.JOURNAL.records())}))
         """,
         tmp_path,
     )
@@ -96,9 +96,9 @@ def test_an_interrupt_inside_a_target_leaves_nothing_half_applied(tmp_path):
         mod = types.ModuleType("victim"); mod.a = "original"; mod.b = "original"; sys.modules["victim"] = mod
         interrupt = [True]
         def first(config):
-            _patching.replace(mod, "a", "patched")
+            engine.replace(mod, "a", "patched")
         def second(config):
-            _patching.replace(mod, "b", "patched")
+            engine.replace(mod, "b", "patched")
             if interrupt[0]:
                 raise KeyboardInterrupt
         target("first", "victim", first)
@@ -109,7 +109,7 @@ def test_an_interrupt_inside_a_target_leaves_nothing_half_applied(tmp_path):
         except KeyboardInterrupt:
             raised = True
         after = {"raised": raised, "a": mod.a, "b": mod.b, "patched": nanopatch.is_patched(),
-                 "records": len(_patching._journal.records())}
+                 "records": len(engine.JOURNAL.records())}
         interrupt[0] = False
         nanopatch.patch_torch()
         again = {"a": mod.a, "b": mod.b, "patched": nanopatch.is_patched()}
@@ -148,7 +148,7 @@ def test_patching_while_another_thread_first_imports_the_module_does_not_deadloc
 
         def on_import(config):
             import racepkg
-            _patching.replace(racepkg, "VALUE", "patched")
+            engine.replace(racepkg, "VALUE", "patched")
         target("on-import", "racepkg", on_import)
         nanopatch.patch_torch()  # racepkg not imported yet: its target waits for the import
 
@@ -161,7 +161,7 @@ def test_patching_while_another_thread_first_imports_the_module_does_not_deadloc
 
         def needs_sub(config):
             import racepkg.sub
-            _patching.replace(racepkg.sub, "SUB", "patched")
+            engine.replace(racepkg.sub, "SUB", "patched")
         target("needs-sub", "threading", needs_sub)  # registered while patched: applied at once
         importer.join(30)
         import racepkg, racepkg.sub

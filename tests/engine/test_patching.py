@@ -9,7 +9,7 @@ import types
 import pytest
 
 import nanopatch
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 from helpers import demo_targets, demo_training
 
@@ -49,7 +49,7 @@ class Child(Owner):
 
 
 def test_journal_restores_raw_descriptors_and_deletes_new_attributes():
-    journal = _patching.Journal()
+    journal = engine.Journal()
     raw = dict(Owner.__dict__)
     journal.replace("t", Owner, "static", staticmethod(lambda: "new"))
     journal.replace("t", Owner, "klass", "plain value")
@@ -67,7 +67,7 @@ def test_journal_restores_raw_descriptors_and_deletes_new_attributes():
 def test_journal_records_the_original_once_and_undoes_lifo():
     module = types.ModuleType("fake_owner")
     module.value = "original"
-    journal = _patching.Journal()
+    journal = engine.Journal()
     journal.replace("a", module, "value", "first")
     journal.replace("a", module, "value", "second")  # same target: original kept, not "first"
     journal.replace("b", module, "value", "third")  # another target stacks on top
@@ -80,18 +80,18 @@ def test_journal_records_the_original_once_and_undoes_lifo():
 
 def test_replace_outside_a_target_is_refused():
     with pytest.raises(RuntimeError, match="only be called from a target"):
-        _patching.replace(types.ModuleType("m"), "x", 1)
+        engine.replace(types.ModuleType("m"), "x", 1)
 
 
 def test_register_rejects_unknown_option_and_conflicting_target():
     with pytest.raises(ValueError, match="unknown option"):
-        _patching.register(_patching.Target("x", "turbo", "torch", "x"))
-    _patching.register(_patching.Target("dup", "vision", "nonexistent_module_xyz", "dup"))
+        engine.register(engine.Target("x", "turbo", "torch", "x"))
+    engine.register(engine.Target("dup", "vision", "nonexistent_module_xyz", "dup"))
     try:
         with pytest.raises(ValueError, match="different target"):
-            _patching.register(_patching.Target("dup", "training", "nonexistent_module_xyz", "dup"))
+            engine.register(engine.Target("dup", "training", "nonexistent_module_xyz", "dup"))
     finally:
-        _patching.unregister("dup")
+        engine.unregister("dup")
 
 
 # --- the public API in-process ---------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
 
 def test_register_while_patched_applies_at_once(demo):
     nanopatch.patch_torch()
-    extra = _patching.Target("late", "vision", "torchvision", "demo_late_target")
+    extra = engine.Target("late", "vision", "torchvision", "demo_late_target")
     import sys
 
     late = types.ModuleType("demo_late_target")
@@ -142,17 +142,17 @@ def test_register_while_patched_applies_at_once(demo):
     def patch(config):
         import torchvision
 
-        _patching.replace(torchvision, "LATE", config.bf16)
+        engine.replace(torchvision, "LATE", config.bf16)
 
     late.patch = patch
     late.unpatch = lambda: None
     sys.modules["demo_late_target"] = late
     try:
-        _patching.register(extra)
+        engine.register(extra)
         import torchvision
 
         assert torchvision.LATE == nanopatch.status()["options"]["bf16"]["value"]
-        _patching.unregister("late")
+        engine.unregister("late")
         assert not hasattr(torchvision, "LATE")
     finally:
         sys.modules.pop("demo_late_target")
@@ -183,11 +183,11 @@ def test_concurrent_patch_and_unpatch_end_consistent(demo):
     assert errors == []
     nanopatch.patch_torch()
     demo_targets.assert_patched()
-    demo_records = [r for r in _patching._journal.records() if r.target.startswith("demo-")]
+    demo_records = [r for r in engine.JOURNAL.records() if r.target.startswith("demo-")]
     assert len(demo_records) == 9  # each attribute recorded once, no leftovers
     nanopatch.unpatch_torch()
     demo_targets.assert_same(demo)
-    assert _patching._journal.records() == []
+    assert engine.JOURNAL.records() == []
 
 
 def test_training_wrappers_pass_through(demo):
@@ -222,18 +222,18 @@ def test_messages_about_an_object_are_said_once_per_object_and_forgotten_with_it
 
     import torch
 
-    from nanopatch.foundation import _log
+    from nanopatch.foundation import log
 
     caplog.set_level(logging.INFO, logger="nanopatch")
     said = []
     for _ in range(3):
         model = torch.nn.Linear(1, 1)
-        said.append(_log.log_once("stock", "model runs stock", about=model))
-        said.append(_log.log_once("stock", "model runs stock", about=model))
+        said.append(log.log_once("stock", "model runs stock", about=model))
+        said.append(log.log_once("stock", "model runs stock", about=model))
         del model
         gc.collect()
     assert said == [True, False] * 3
-    assert len(caplog.records) == 3 and len(_log._said_about) == 0
+    assert len(caplog.records) == 3 and len(log._said_about) == 0
 
 
 def test_scope_validates_options_up_front():

@@ -1,5 +1,5 @@
 """The version floors each built-in target declares (``SUPPORTED``) are the oldest tested pair's
-(engine/_versions.py, the list tox tests), and pyproject.toml requires the same: a floor that
+(engine/versions.py, the list tox tests), and pyproject.toml requires the same: a floor that
 disagrees with what is tested could never fail."""
 
 from __future__ import annotations
@@ -7,19 +7,20 @@ from __future__ import annotations
 import importlib
 import re
 
-from nanopatch.engine import _patching, _versions
+from nanopatch import engine
+from nanopatch.engine import versions
 
 from conftest import REPO_ROOT
 
 
 def test_every_target_declares_the_oldest_tested_pair_and_pyproject_requires_it():
-    oldest = _versions.TESTED[0]
+    oldest = versions.TESTED[0]
     floors = {
         "torch": ">=" + ".".join(oldest.torch.split(".")[:2]),
         "torchvision": ">=" + ".".join(oldest.torchvision.split(".")[:2]),
     }
-    assert _versions.supported("torch", "torchvision") == floors
-    patchers = {target.patcher for target in _patching._registry.values()}
+    assert versions.supported("torch", "torchvision") == floors
+    patchers = {target.patcher for target in engine.targets()}
     assert len(patchers) >= 6
     for name in patchers:
         declared = getattr(importlib.import_module(name), "SUPPORTED", {})

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 SUPPORTED = {"torchvision": ">=0.15", "torch": ">=2.0"}
 
-VISION = _patching.Target(name="demo-vision", option="vision", module="torchvision", patcher="helpers.demo_targets")
-TRAINING = _patching.Target(name="demo-training", option="training", module="torch", patcher="helpers.demo_training")
+VISION = engine.Target(name="demo-vision", option="vision", module="torchvision", patcher="helpers.demo_targets")
+TRAINING = engine.Target(name="demo-training", option="training", module="torch", patcher="helpers.demo_training")
 
 CALLS = {"get_params": 0}
 _subclasses: dict[Any, type] = {}  # stock class -> its demo subclass, made once (stable identity)
 
 
-_set_aside: dict[str, _patching.Target] = {}
+_set_aside: dict[str, engine.Target] = {}
 
 
 def register() -> None:
@@ -39,20 +39,20 @@ def register() -> None:
     test_training.py), and so is ``distributed``, which builds on it (tests in
     test_launcher.py), with the Lightning targets that build on that; :func:`unregister` puts them back."""
     for name in ("training", "distributed", "lightning", "pytorch_lightning"):
-        real = next((t for t in _patching.targets() if t.name == name), None)
+        real = next((t for t in engine.targets() if t.name == name), None)
         if real is not None:
             _set_aside[name] = real
-            _patching.unregister(name)
-    _patching.register(VISION)
-    _patching.register(TRAINING)
+            engine.unregister(name)
+    engine.register(VISION)
+    engine.register(TRAINING)
 
 
 def unregister() -> None:
-    _patching.unregister(VISION.name)
-    _patching.unregister(TRAINING.name)
+    engine.unregister(VISION.name)
+    engine.unregister(TRAINING.name)
     for name in ("training", "distributed", "lightning", "pytorch_lightning"):
         if name in _set_aside:
-            _patching.register(_set_aside.pop(name))
+            engine.register(_set_aside.pop(name))
 
 
 def demo_subclass(stock: type) -> type:
@@ -73,7 +73,7 @@ def stock_crop_class() -> type:
 
 def _demo_get_params(img, scale, ratio):
     CALLS["get_params"] += 1
-    return _patching.raw_attribute(stock_crop_class(), "_stock_get_params").__func__(img, scale, ratio)
+    return engine.raw_attribute(stock_crop_class(), "_stock_get_params").__func__(img, scale, ratio)
 
 
 DEMO_GET_PARAMS = staticmethod(_demo_get_params)
@@ -84,13 +84,13 @@ def patch(config) -> None:
     import torchvision.transforms.v2 as v2
 
     stock_erasing = T.transforms.RandomErasing
-    _patching.replace_everywhere(stock_erasing, demo_subclass(stock_erasing), "torchvision")
+    engine.replace_everywhere(stock_erasing, demo_subclass(stock_erasing), "torchvision")
     stock_v2_erasing = v2.RandomErasing
-    _patching.replace_everywhere(stock_v2_erasing, demo_subclass(stock_v2_erasing), "torchvision")
+    engine.replace_everywhere(stock_v2_erasing, demo_subclass(stock_v2_erasing), "torchvision")
     crop = stock_crop_class()
-    _patching.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
-    _patching.replace(crop, "get_params", DEMO_GET_PARAMS)
-    _patching.replace(T.transforms, "DEMO_PATCHED", True)
+    engine.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
+    engine.replace(crop, "get_params", DEMO_GET_PARAMS)
+    engine.replace(T.transforms, "DEMO_PATCHED", True)
 
 
 def unpatch() -> None:
@@ -136,7 +136,7 @@ def places() -> list[tuple[Any, str]]:
 
 def snapshot() -> dict[tuple[int, str], Any]:
     """The raw value of every place (NOTSET where absent), keyed by (id(owner), name)."""
-    return {(id(owner), name): _patching.raw_attribute(owner, name) for owner, name in places()}
+    return {(id(owner), name): engine.raw_attribute(owner, name) for owner, name in places()}
 
 
 def assert_same(before: dict[tuple[int, str], Any]) -> None:

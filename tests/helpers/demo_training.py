@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 SUPPORTED = {"torch": ">=2.0"}
 CALLS = {"optimizer_init": 0, "module_train": 0}
@@ -20,8 +20,8 @@ def _count(key):
 def patch(config) -> None:
     import torch
 
-    _patching.wrap(torch.optim.Optimizer, "__init__", _count("optimizer_init"))
-    _patching.wrap(torch.nn.Module, "train", _count("module_train"))
+    engine.wrap(torch.optim.Optimizer, "__init__", _count("optimizer_init"))
+    engine.wrap(torch.nn.Module, "train", _count("module_train"))
 
 
 def unpatch() -> None:

@@ -18,7 +18,7 @@ import re
 import pytest
 
 import nanopatch
-from nanopatch.engine import _versions, config
+from nanopatch.engine import config, versions
 from nanopatch.foundation import cpu
 from nanopatch.runner import _info
 
@@ -70,8 +70,8 @@ def section(sections: dict[str, dict[str, str]], prefix: str) -> dict[str, str]:
 
 def untested_torch_warnings() -> list[str]:
     """The report's trailing warning about the installed torch: none when it is tested."""
-    support = _versions.torch_support()
-    return [] if support.is_tested else [f"warning: {support.message}: {_versions.UNTESTED_MEANING}"]
+    support = versions.torch_support()
+    return [] if support.is_tested else [f"warning: {support.message}: {versions.UNTESTED_MEANING}"]
 
 
 # --- the report in a subprocess --------------------------------------------------------------
@@ -125,8 +125,8 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     assert pytorch["torchvision"] == "imports fine"
     ipex_ok, ipex_reason = config.ipex_compatibility()
     assert pytorch["IPEX"] == ("compatible: " if ipex_ok else "not used: ") + ipex_reason
-    assert pytorch["tested torch versions"] == _versions.summary()
-    assert pytorch["this torch"] == _versions.torch_support().message
+    assert pytorch["tested torch versions"] == versions.summary()
+    assert pytorch["this torch"] == versions.torch_support().message
 
     decoding = sections["Image decoding"]
     assert decoding["libturbojpeg"] == (expected_libturbojpeg() or "not found")
@@ -171,7 +171,7 @@ def test_info_json_matches_ground_truth(info):
     assert found, t["openmp"]
     assert os.path.exists(found.group(2))
 
-    assert info["torch_support"] == _versions.torch_support().as_dict()
+    assert info["torch_support"] == versions.torch_support().as_dict()
     assert info["torch_support"]["version"] == importlib.metadata.version("torch")
 
     ipex_ok, ipex_reason = config.ipex_compatibility()
@@ -491,7 +491,7 @@ def test_format_table_shows_the_runtime_plan_and_each_process():
     assert off["Runtime tuning"] == {"tuning": "off (--no-tune): the environment is left as it is"}
 
 
-# --- the tested torch versions (nanopatch/engine/_versions.py) ------------------------------------------
+# --- the tested torch versions (nanopatch/engine/versions.py) ------------------------------------------
 
 OUTSIDE = "is outside the tested range (2.8 to 2.15)"
 
@@ -529,17 +529,17 @@ def test_info_says_plainly_when_torch_is_outside_the_tested_range(machine, torch
     support = info["torch_support"]
     message = f"torch {torch_version} {OUTSIDE}"
     assert (support["version"], support["tested"], support["message"]) == (torch_version, False, message)
-    assert support["meaning"] == _versions.UNTESTED_MEANING
+    assert support["meaning"] == versions.UNTESTED_MEANING
     assert "self-checks turn off" in support["meaning"] and "--verify" in support["meaning"]
-    assert [v["torch"] for v in support["versions"]] == [t.torch for t in _versions.TESTED]
+    assert [v["torch"] for v in support["versions"]] == [t.torch for t in versions.TESTED]
     assert json.loads(json.dumps(info))["torch_support"] == support  # --json prints it as it is
     _, sections, trailing = parse_table(_info.format_table(info))
     assert sections["PyTorch"]["this torch"] == message
-    assert trailing == [f"warning: {message}: {_versions.UNTESTED_MEANING}"]
+    assert trailing == [f"warning: {message}: {versions.UNTESTED_MEANING}"]
 
 
 def test_info_on_a_minor_inside_the_range_that_is_not_tested(machine, monkeypatch):
-    monkeypatch.setattr(_versions, "TESTED", tuple(t for t in _versions.TESTED if t.torch != "2.11.0"))
+    monkeypatch.setattr(versions, "TESTED", tuple(t for t in versions.TESTED if t.torch != "2.11.0"))
     machine("xeon_spr_2s_ht.cpuinfo", torch="2.11.0")
     support = _info.collect()["torch_support"]
     assert support["tested"] is False
@@ -550,7 +550,7 @@ def test_info_on_a_minor_inside_the_range_that_is_not_tested(machine, monkeypatc
 
 def test_info_without_torch_installed(machine):
     machine("xeon_spr_2s_ht.cpuinfo", torch=None)
-    support = _versions.torch_support().as_dict()
+    support = versions.torch_support().as_dict()
     assert (support["version"], support["tested"], support["meaning"]) == (None, False, None)
     assert support["message"] == "torch is not installed"
 
@@ -567,10 +567,10 @@ def pins(deps: str) -> tuple[str, str] | None:
 
 
 def test_the_tested_versions_are_what_tox_tests():
-    """nanopatch/engine/_versions.py (what --info claims) and tox.ini (what runs) name the same pairs."""
+    """nanopatch/engine/versions.py (what --info claims) and tox.ini (what runs) name the same pairs."""
     tox = tox_ini()
     env_list = [e.strip() for e in tox["tox"]["env_list"].split(",")]
-    claimed = {(t.torch, t.torchvision, t.tests, t.env) for t in _versions.TESTED}
+    claimed = {(t.torch, t.torchvision, t.tests, t.env) for t in versions.TESTED}
     run = set()
     for name in env_list:
         section = tox[f"testenv:{name}"] if name != "py" else tox["testenv"]
@@ -584,18 +584,18 @@ def test_the_tested_versions_are_what_tox_tests():
         if re.fullmatch(rf"pytest( -n \d+)? \{{posargs(:{left})?\}}", commands):
             pair = pins(section.get("deps", ""))
             assert pair, f"tox env {name} runs the suite on an unpinned torch"
-            run.add((*pair, _versions.FULL, name))
+            run.add((*pair, versions.FULL, name))
         elif "run_on_torch_versions.py" in commands:
             assert "tests/training/test_learning.py" in commands
             pairs = re.findall(r"\s(\d+\.\d+\.\d+)/(\d+\.\d+\.\d+)", commands)
-            run.update((torch, torchvision, _versions.LEARNING, name) for torch, torchvision in pairs)
+            run.update((torch, torchvision, versions.LEARNING, name) for torch, torchvision in pairs)
     assert run == claimed
-    assert [t.minor for t in _versions.TESTED] == sorted(t.minor for t in _versions.TESTED)
+    assert [t.minor for t in versions.TESTED] == sorted(t.minor for t in versions.TESTED)
 
 
 def test_pyprojects_floor_is_the_oldest_tested_pair():
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    oldest = _versions.TESTED[0]
+    oldest = versions.TESTED[0]
     major_minor = ".".join(map(str, oldest.minor))
     assert f'"torch>={major_minor}"' in pyproject
     assert f'"torchvision>={".".join(oldest.torchvision.split(".")[:2])}"' in pyproject

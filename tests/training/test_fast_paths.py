@@ -15,7 +15,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
-from nanopatch.runtime import _malloc
+from nanopatch.runtime import malloc
 from nanopatch.targets.training import dropout
 from nanopatch.targets.training import patch as training_patch
 from nanopatch.targets.training.plan import Plan
@@ -377,19 +377,19 @@ def test_heads_that_saturate_in_bf16_learn_as_in_fp32(head):
 def test_malloc_is_left_alone_when_the_user_or_another_allocator_chose(tmp_path):
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 00000000 00:00 0  /usr/lib/libtcmalloc_minimal.so.4\n")
-    assert "libtcmalloc_minimal.so.4" in _malloc.why_not({}, str(maps))
+    assert "libtcmalloc_minimal.so.4" in malloc.why_not({}, str(maps))
     maps.write_text("7f00-7f01 r-xp 00000000 00:00 0  /usr/lib/libc.so.6\n")
-    if _malloc.why_not({}, str(maps)) == "the C library is not glibc":
+    if malloc.why_not({}, str(maps)) == "the C library is not glibc":
         pytest.skip("not glibc")
-    assert _malloc.why_not({}, str(maps)) is None
-    assert "MALLOC_MMAP_MAX_" in _malloc.why_not({"MALLOC_MMAP_MAX_": "0"}, str(maps))
-    assert "GLIBC_TUNABLES" in _malloc.why_not({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, str(maps))
+    assert malloc.why_not({}, str(maps)) is None
+    assert "MALLOC_MMAP_MAX_" in malloc.why_not({"MALLOC_MMAP_MAX_": "0"}, str(maps))
+    assert "GLIBC_TUNABLES" in malloc.why_not({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, str(maps))
 
 
 _FAULTS = """
 import json, resource, sys, torch
 import nanopatch
-from nanopatch.runtime import _malloc
+from nanopatch.runtime import malloc
 
 def faults_of_reuse():
     for _ in range(12):  # warm: the heap grows to its working size in the first rounds (how many
@@ -400,7 +400,7 @@ def faults_of_reuse():
         torch.ones(16 * 2**20)  # 64 MiB, allocated, filled and freed
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-report = {"why_not": _malloc.why_not(), "stock": faults_of_reuse()}
+report = {"why_not": malloc.why_not(), "stock": faults_of_reuse()}
 nanopatch.patch_torch(ipex=False, vision=False)
 changes = nanopatch.status()["targets"]["training"]["changes"]
 report["entry"] = [c for c in changes if "malloc" in c]

@@ -140,7 +140,7 @@ def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings(tmp_path):
 def test_warnings_from_acts_on_its_module_and_forgets_nothing():
     import warnings
 
-    from nanopatch.foundation._log import warnings_from
+    from nanopatch.foundation.log import warnings_from
 
     filters = list(warnings.filters)
     with warnings.catch_warnings(record=True) as shown:  # the test's own record

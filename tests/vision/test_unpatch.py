@@ -16,7 +16,7 @@ from conftest import run_python
 HELPERS = """
 import sys
 import nanopatch
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 def namespaces():
     '''(label, namespace dict) of every loaded torchvision module and every class it defines.'''
@@ -47,7 +47,7 @@ def assert_nothing_of_nanopatch():
             assert not (isinstance(module, str) and module.startswith("nanopatch")), (label, key, value)
 
 def vision_records():
-    records = _patching._journal.records("vision")
+    records = engine.JOURNAL.records("vision")
     where = {r.where for r in records}
     for expected in (
         "torchvision.transforms.Resize",
@@ -66,7 +66,7 @@ import torchvision, torchvision.transforms, torchvision.transforms.v2, torchvisi
 before = snapshot()
 nanopatch.patch_torch(training=False)
 records = vision_records()
-assert all(_patching.raw_attribute(owner, name) is not original for owner, name, original in records)
+assert all(engine.raw_attribute(owner, name) is not original for owner, name, original in records)
 nanopatch.unpatch_torch()
 assert_same(before)
 assert_nothing_of_nanopatch()
@@ -83,7 +83,7 @@ import torchvision, torchvision.transforms, torchvision.transforms.v2, torchvisi
 records = vision_records()
 nanopatch.unpatch_torch()
 for owner, name, original in records:
-    assert _patching.raw_attribute(owner, name) is original, (owner, name)
+    assert engine.raw_attribute(owner, name) is original, (owner, name)
 assert_nothing_of_nanopatch()
 after = snapshot()
 nanopatch.patch_torch(training=False)

@@ -88,10 +88,10 @@ def learning_steps(proto: Prototype, steps: int) -> list[dict[str, Any]]:
 
 
 def run(args) -> dict[str, Any]:
-    from nanopatch.runtime import _malloc
+    from nanopatch.runtime import malloc
     from nanopatch.targets.training import dropout
 
-    done, what = _malloc.keep_freed_memory()
+    done, what = malloc.keep_freed_memory()
     h.log(what if done else f"malloc left as it is: {what}")
     if not dropout.install():  # the fast mask kernel, as patch_torch() registers it (it says why not)
         h.log("fast dropout masks off: torch cannot register the mask kernel")

@@ -36,7 +36,7 @@ def start_child() -> None:
     try:
         level = os.environ.get(LOG_LEVEL_VARIABLE)
         if level:
-            from nanopatch.foundation._log import configure_stderr
+            from nanopatch.foundation.log import configure_stderr
 
             configure_stderr(level)
         from nanopatch import patch_torch

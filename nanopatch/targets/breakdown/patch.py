@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import dataloader
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 from nanopatch.foundation import learning
 from nanopatch.runtime import tuning as runtime
 
@@ -275,7 +275,7 @@ def _instance_step(optimizer: Any) -> None:
     """IPEX's fused step, set on the optimizer itself, is past torch's hooks: timed around it."""
     if not learning.internal_now():  # nanopatch's own self-check probes: not the run's
         own = optimizer.__dict__["step"]
-        _patching.set_on(TARGET, optimizer, "step", optim.around_step(optimizer, own, _step_pre, _step_post))
+        engine.set_on(TARGET, optimizer, "step", optim.around_step(optimizer, own, _step_pre, _step_post))
 
 
 def patch(config: Any) -> None:
@@ -284,12 +284,12 @@ def patch(config: Any) -> None:
 
     _meter = _Meter()
     _trial = measure.from_environment()
-    _patching.wrap(dataloader._BaseDataLoaderIter, "__next__", _next)
+    engine.wrap(dataloader._BaseDataLoaderIter, "__next__", _next)
     for handle, where in (
         (optimizer_mod.register_optimizer_step_pre_hook(_step_pre), "optimizer step pre-hook (breakdown)"),
         (optimizer_mod.register_optimizer_step_post_hook(_step_post), "optimizer step post-hook (breakdown)"),
     ):
-        _patching.add_hook(TARGET, handle, where)
+        engine.add_hook(TARGET, handle, where)
     ipex.on_instance_step(TARGET, _instance_step)
 
 

@@ -43,9 +43,10 @@ from typing import Any
 
 import torch
 
-from nanopatch.engine import _patching, _versions
+from nanopatch import engine
+from nanopatch.engine import versions
 from nanopatch.foundation import cpu
-from nanopatch.foundation._log import log_once
+from nanopatch.foundation.log import log_once
 
 from . import standins
 from .standins import NoCpuEquivalent
@@ -59,7 +60,7 @@ TARGET = "cuda_to_cpu"
 EXTENSIONS = "cuda_extensions"
 
 #: torch versions this target is written against (``torch.amp.GradScaler``, autocast's device_type)
-SUPPORTED = _versions.supported("torch")
+SUPPORTED = versions.supported("torch")
 
 CPU = torch.device("cpu")
 
@@ -307,7 +308,7 @@ def _torch_asks(depth: int = 2) -> bool:
 
 
 def _stock_cuda(name: str) -> Any:
-    return _patching.original(TARGET, torch.cuda, name)
+    return engine.original(TARGET, torch.cuda, name)
 
 
 def is_available() -> bool:
@@ -534,7 +535,7 @@ _NEW = ("new_tensor", "new_zeros", "new_ones", "new_empty", "new_full", "new_emp
 
 
 def patch(config: Any) -> None:
-    if _patching.current_target() == EXTENSIONS:
+    if engine.current_target() == EXTENSIONS:
         _patch_extensions()
         return
     _state["bf16"] = bool(config.bf16)
@@ -550,7 +551,7 @@ def patch(config: Any) -> None:
     for name, new in _cuda_replacements().items():
         original = torch.cuda.__dict__.get(name)
         if original is not None:
-            _patching.replace_everywhere(original, _named(name, new), "torch.cuda")
+            engine.replace_everywhere(original, _named(name, new), "torch.cuda")
     _distributed()
     log_once(
         "cuda-to-cpu",
@@ -570,43 +571,43 @@ def _place_on_cpu() -> None:
     names = {getattr(f, "__name__", None) for f in factories} | set(_LIKE)
     for name in sorted(n for n in names if n):
         if callable(torch.__dict__.get(name)):
-            _patching.wrap(torch, name, _factory)
-    _patching.wrap(torch.Tensor, "to", _to)
-    _patching.wrap(torch.Tensor, "cuda", _tensor_cuda)
-    _patching.wrap(torch.Tensor, "pin_memory", _returns_instance)
-    _patching.wrap(torch.Tensor, "record_stream", _record_stream)
+            engine.wrap(torch, name, _factory)
+    engine.wrap(torch.Tensor, "to", _to)
+    engine.wrap(torch.Tensor, "cuda", _tensor_cuda)
+    engine.wrap(torch.Tensor, "pin_memory", _returns_instance)
+    engine.wrap(torch.Tensor, "record_stream", _record_stream)
     for name in _NEW:
         if hasattr(torch.Tensor, name):
-            _patching.wrap(torch.Tensor, name, _factory)
-    _patching.wrap(nn.Module, "to", _module_to)
-    _patching.wrap(nn.Module, "cuda", _returns_instance)
-    _patching.wrap(_StorageBase, "cuda", _returns_instance)
-    _patching.wrap(TypedStorage, "cuda", _returns_instance)
-    _patching.wrap(_device.DeviceContext, "__init__", _device_context_init)
+            engine.wrap(torch.Tensor, name, _factory)
+    engine.wrap(nn.Module, "to", _module_to)
+    engine.wrap(nn.Module, "cuda", _returns_instance)
+    engine.wrap(_StorageBase, "cuda", _returns_instance)
+    engine.wrap(TypedStorage, "cuda", _returns_instance)
+    engine.wrap(_device.DeviceContext, "__init__", _device_context_init)
     load = torch.serialization.__dict__["load"]
-    wrapped = _patching.wrap(torch.serialization, "load", _load)
+    wrapped = engine.wrap(torch.serialization, "load", _load)
     if torch.__dict__.get("load") is load:
-        _patching.replace(torch, "load", wrapped)
+        engine.replace(torch, "load", wrapped)
 
 
 def _mixed_precision() -> None:
     from torch.amp import autocast_mode, grad_scaler
 
-    _patching.wrap(autocast_mode.autocast, "__init__", _autocast_init)
+    engine.wrap(autocast_mode.autocast, "__init__", _autocast_init)
     scaler = grad_scaler.GradScaler
-    _patching.wrap(scaler, "__init__", _scaler_init)
-    _patching.wrap(scaler, "state_dict", _scaler_state_dict)
-    _patching.wrap(scaler, "load_state_dict", _scaler_load_state_dict)
-    _patching.wrap(scaler, "is_enabled", _scaler_is_enabled)
+    engine.wrap(scaler, "__init__", _scaler_init)
+    engine.wrap(scaler, "state_dict", _scaler_state_dict)
+    engine.wrap(scaler, "load_state_dict", _scaler_load_state_dict)
+    engine.wrap(scaler, "is_enabled", _scaler_is_enabled)
     for key in ("growth_factor", "backoff_factor", "growth_interval"):
-        _patching.wrap(scaler, f"get_{key}", _scaler_getter(key))
-        _patching.wrap(scaler, f"set_{key}", _scaler_setter(key))
+        engine.wrap(scaler, f"get_{key}", _scaler_getter(key))
+        engine.wrap(scaler, f"set_{key}", _scaler_setter(key))
 
 
 def _distributed() -> None:
     from torch.nn import parallel
 
-    _patching.wrap(parallel.DistributedDataParallel, "__init__", _ddp_init)
+    engine.wrap(parallel.DistributedDataParallel, "__init__", _ddp_init)
     if not torch.distributed.is_available():
         return
     from torch.distributed import distributed_c10d
@@ -619,15 +620,15 @@ def _distributed() -> None:
         original = distributed_c10d.__dict__.get(name)
         if original is None:
             continue
-        new = _patching.wrap(distributed_c10d, name, wrapper)
-        _patching.replace_everywhere(original, new, "torch.distributed")  # its re-exports
+        new = engine.wrap(distributed_c10d, name, wrapper)
+        engine.replace_everywhere(original, new, "torch.distributed")  # its re-exports
 
 
 def _patch_extensions() -> None:
     from torch.utils import cpp_extension
 
-    _patching.wrap(cpp_extension, "load", _extension_load)
-    _patching.wrap(cpp_extension, "load_inline", _extension_load_inline)
+    engine.wrap(cpp_extension, "load", _extension_load)
+    engine.wrap(cpp_extension, "load_inline", _extension_load_inline)
 
 
 def unpatch() -> None:

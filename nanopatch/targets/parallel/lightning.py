@@ -23,13 +23,14 @@ import os
 import sys
 from typing import Any
 
-from nanopatch.engine import _patching, _versions
+from nanopatch import engine
+from nanopatch.engine import versions
 
 from . import patch as distributed
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = _versions.supported("torch")
+SUPPORTED = versions.supported("torch")
 
 #: target name -> the module that defines the Trainer it patches
 TRAINERS = {
@@ -69,10 +70,10 @@ def _trainer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 
 
 def patch(config: Any) -> None:
-    module = sys.modules.get(TRAINERS[_patching.current_target()])
+    module = sys.modules.get(TRAINERS[engine.current_target()])
     if module is None:
         return
-    _patching.wrap(module.Trainer, "__init__", _trainer_init)
+    engine.wrap(module.Trainer, "__init__", _trainer_init)
 
 
 def unpatch() -> None:

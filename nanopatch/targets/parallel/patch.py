@@ -46,8 +46,9 @@ import torch
 import torch.distributed as dist
 from torch.utils import data as tud
 
-from nanopatch.engine import _patching, _versions
-from nanopatch.foundation._log import log_once
+from nanopatch import engine
+from nanopatch.engine import versions
+from nanopatch.foundation.log import log_once
 
 from ..training import ipex
 from ..training import patch as training
@@ -57,7 +58,7 @@ from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = _versions.supported("torch")
+SUPPORTED = versions.supported("torch")
 
 #: warm-up length when no training loader tells how long an epoch is
 DEFAULT_WARMUP_STEPS = 100
@@ -270,8 +271,8 @@ def _shard(loader: tud.DataLoader, shuffle: bool) -> None:
     # DataLoader refuses these assignments after __init__ (the journal sets them past that, and
     # puts the loader's own back at unpatch); the loader has not iterated yet with them, and
     # its length follows the batch sampler.
-    _patching.set_on(TARGET, loader, "sampler", sampler)
-    _patching.set_on(TARGET, loader, "batch_sampler", batches)
+    engine.set_on(TARGET, loader, "sampler", sampler)
+    engine.set_on(TARGET, loader, "batch_sampler", batches)
     if _state.warmup_steps is None:
         _state.warmup_steps = max(1, len(batches))
     logger.info(
@@ -350,7 +351,7 @@ def _cover_instance_step(optimizer: Any) -> None:
         return
     _instance_steps[optimizer] = own
     step = around_step(optimizer, own, functools.partial(_pre_step, instance=True), _post_step)
-    _patching.set_on(TARGET, optimizer, "step", step)
+    engine.set_on(TARGET, optimizer, "step", step)
 
 
 def _ipex_step(optimizer: Any) -> None:
@@ -461,19 +462,19 @@ def patch(config: Any) -> None:
     from torch.optim import optimizer as optimizer_mod
 
     _config = config
-    init = _patching.raw_attribute(distributed_c10d, "init_process_group")
-    wrapper = _patching.wrap(distributed_c10d, "init_process_group", _init_process_group)
+    init = engine.raw_attribute(distributed_c10d, "init_process_group")
+    wrapper = engine.wrap(distributed_c10d, "init_process_group", _init_process_group)
     if getattr(dist, "init_process_group", None) is init:
-        _patching.replace(dist, "init_process_group", wrapper)
-    _patching.wrap(DistributedDataParallel, "__init__", _ddp_init)
-    _patching.wrap(tud.DistributedSampler, "__init__", _sampler_init)
-    _patching.wrap(tud.DataLoader, "__init__", _loader_init)
-    _patching.wrap(tud.DataLoader, "__iter__", _loader_iter)
+        engine.replace(dist, "init_process_group", wrapper)
+    engine.wrap(DistributedDataParallel, "__init__", _ddp_init)
+    engine.wrap(tud.DistributedSampler, "__init__", _sampler_init)
+    engine.wrap(tud.DataLoader, "__init__", _loader_init)
+    engine.wrap(tud.DataLoader, "__iter__", _loader_iter)
     for handle in (
         optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
         optimizer_mod.register_optimizer_step_post_hook(_post_step),
     ):
-        _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (data-parallel)")
+        engine.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (data-parallel)")
     ipex.on_instance_step(TARGET, _ipex_step)
 
 

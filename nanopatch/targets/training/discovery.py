@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 from nanopatch.engine import config as config_mod
-from nanopatch.foundation._log import log_once, warn_once
+from nanopatch.foundation.log import log_once, warn_once
 
 from . import compile_choice, dropout, ipex, optim, selfcheck
 from . import forward as fw
@@ -243,10 +243,10 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None
-    engine = data_parallel()
-    plan.ddp = engine.attach(module, model, optimizer) if engine is not None else None
+    parallel = data_parallel()
+    plan.ddp = parallel.attach(module, model, optimizer) if parallel is not None else None
     if plan.ddp is not None:
-        plan.notes.append(f"data-parallel: DistributedDataParallel over {engine.world_size()} processes")
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -311,7 +311,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.ddp = None
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         if plan.layout is not None:
-            _patching.discard(plan.layout)
+            engine.discard(plan.layout)
             plan.layout = None
         plan.rank = None
     if plan.ipex and plan.amp_dtype is not None:
@@ -421,7 +421,7 @@ def _start() -> None:
         module_mod.register_module_forward_pre_hook(_discover_pre),
         module_mod.register_module_forward_hook(_discover_post, always_call=True),
     ):
-        _hooks.append(_patching.add_hook(TARGET, handle, "torch.nn.modules.module: global forward hook (model search)"))
+        _hooks.append(engine.add_hook(TARGET, handle, "torch.nn.modules.module: global forward hook (model search)"))
 
 
 def stop() -> None:
@@ -434,14 +434,14 @@ def stop() -> None:
         if _inflight[0]:
             if config() is None:
                 for entry in _hooks:
-                    _patching.discard(entry, undo=False)
+                    engine.discard(entry, undo=False)
                 _outlived.extend(_hooks)
                 _hooks.clear()
             return
         entries, _hooks[:] = list(_hooks), []
         outlived, _outlived[:] = list(_outlived), []
     for entry in entries:
-        _patching.discard(entry)
+        engine.discard(entry)
     for entry in outlived:
         entry.undo()
 
@@ -473,10 +473,10 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     context = fw.ours(dtype) if dtype is not None else None
     if context is not None:
         context.__enter__()
-    engine = data_parallel()
-    ddp = plan.ddp if plan.ddp is not None and engine.routes(plan.ddp, module) else None
+    parallel = data_parallel()
+    ddp = plan.ddp if plan.ddp is not None and parallel.routes(plan.ddp, module) else None
     if ddp is not None:
-        engine.pre_forward(ddp)
+        parallel.pre_forward(ddp)
     probe = fw.Probe().__enter__()
     tls("calls", []).append((module, context, dtype, plan, ddp, probe))
     with lock:
@@ -684,7 +684,7 @@ def reset() -> None:
     watched.clear()
     unaccelerated.clear()
     for change in list(converted.values()):
-        _patching.discard(change)
+        engine.discard(change)
     converted.clear()
 
 

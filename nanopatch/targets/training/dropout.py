@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 from nanopatch.foundation import records
-from nanopatch.foundation._log import log_once, warnings_from
+from nanopatch.foundation.log import log_once, warnings_from
 
 from .plan import TARGET, local
 
@@ -263,7 +263,7 @@ def register(installed: list[Any], op: str, kernel: Any, key: str, refused: str,
             undo()
         library._destroy()
 
-    installed.append(_patching.on_undo(TARGET, remove, f"aten::{op}: {what}"))
+    installed.append(engine.on_undo(TARGET, remove, f"aten::{op}: {what}"))
     return True
 
 

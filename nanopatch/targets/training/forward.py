@@ -10,7 +10,7 @@ rounds to exactly 1.0 and a ``BCELoss`` with target 0 then sees ``log(0)``; thes
 while nanopatch's autocast is on.
 
 Both live in the instance's ``__dict__`` only while patched (set and undone through the patch
-engine's journal: :func:`nanopatch.engine._patching.set_on`). Pickles and deep copies never
+engine's journal: :func:`nanopatch.engine.engine.set_on`). Pickles and deep copies never
 carry them: ``nn.Module.__getstate__`` is wrapped to leave them out (:func:`module_getstate`),
 so ``torch.save(model)`` loads anywhere, and a copy runs the class's own forward.
 """
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanopatch.engine import _patching
-from nanopatch.foundation._log import log_once, warn_once
+from nanopatch import engine
+from nanopatch.foundation.log import log_once, warn_once
 
 from . import amp, dropout
 from . import memory_format as mf
@@ -51,14 +51,14 @@ class _InstanceForward:
         return self.original()
 
     def original(self) -> Any:
-        if self.previous is not _patching.NOTSET:
+        if self.previous is not engine.NOTSET:
             return self.previous
         return type(self.module).forward.__get__(self.module)
 
     def __reduce__(self) -> Any:
         # Only reached when a subclass's own __getstate__ bypasses nn.Module's: pickle the
         # plain forward, which needs nothing of nanopatch to load.
-        if self.previous is not _patching.NOTSET:
+        if self.previous is not engine.NOTSET:
             return (_identity, (self.previous,))
         return (functools.partial, (type(self.module).forward, self.module))
 
@@ -282,18 +282,18 @@ def _compile_failed(module: nn.Module, plan: Plan, exc: BaseException) -> None:
 def install(module: nn.Module, plan: Plan) -> None:
     if plan.installed:
         return
-    current = module.__dict__.get("forward", _patching.NOTSET)
+    current = module.__dict__.get("forward", engine.NOTSET)
     if isinstance(current, AcceleratedForward):  # left on by unpatch (IPEX): reuse it
         current.plan = plan
         plan.previous_forward = current.previous
     else:
         plan.previous_forward = current
-        _patching.set_on(TARGET, module, "forward", AcceleratedForward(module, plan))
+        engine.set_on(TARGET, module, "forward", AcceleratedForward(module, plan))
     if plan.amp_dtype is not None and not plan.heads:
         for head in output_activations(module):
             if not isinstance(head.__dict__.get("forward"), Fp32Forward):
-                previous = head.__dict__.get("forward", _patching.NOTSET)
-                _patching.set_on(TARGET, head, "forward", Fp32Forward(head, previous))
+                previous = head.__dict__.get("forward", engine.NOTSET)
+                engine.set_on(TARGET, head, "forward", Fp32Forward(head, previous))
                 plan.heads.append(head)
         if plan.heads:
             plan.notes.append(f"{len(plan.heads)} output activation(s) computed in fp32")
@@ -302,19 +302,19 @@ def install(module: nn.Module, plan: Plan) -> None:
 
 def uninstall_heads(plan: Plan) -> None:
     for head in plan.heads:
-        _patching.restore_on(TARGET, head, "forward")
+        engine.restore_on(TARGET, head, "forward")
     plan.heads.clear()
 
 
 def uninstall(module: nn.Module, plan: Plan) -> None:
-    _patching.restore_on(TARGET, module, "forward")
+    engine.restore_on(TARGET, module, "forward")
     uninstall_heads(plan)
     plan.installed = False
 
 
 def keep(module: nn.Module) -> None:
     """The model's accelerated forward stays on after unpatch (an IPEX bf16 model needs it)."""
-    _patching.keep_on(TARGET, module, "forward")
+    engine.keep_on(TARGET, module, "forward")
 
 
 def output_activations(model: nn.Module) -> list[nn.Module]:
@@ -336,7 +336,7 @@ def module_getstate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
         if state is instance.__dict__:
             state = dict(state)
         previous = state["forward"].previous
-        if previous is _patching.NOTSET:
+        if previous is engine.NOTSET:
             del state["forward"]
         else:
             state["forward"] = previous

@@ -21,9 +21,10 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from nanopatch.engine import _patching, config
+from nanopatch import engine
+from nanopatch.engine import config
 from nanopatch.foundation import cpu
-from nanopatch.foundation._log import log_once
+from nanopatch.foundation.log import log_once
 
 #: called, in the order the targets were applied, with each optimizer ``ipex.optimize`` gave an
 #: instance-level ``step`` (its fused one), which torch's optimizer step hooks never see
@@ -104,4 +105,4 @@ def on_instance_step(target: str, listener: Callable[[torch.optim.Optimizer], No
     Targets wrap in the order they were applied and are undone the other way round, so each
     wrapper is restored to what it wrapped."""
     _instance_step_listeners.append(listener)
-    _patching.on_undo(target, lambda: _instance_step_listeners.remove(listener), "IPEX instance-step listener")
+    engine.on_undo(target, lambda: _instance_step_listeners.remove(listener), "IPEX instance-step listener")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 from . import selfcheck
 from .plan import TARGET
@@ -96,7 +96,7 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
                 opt.param_groups[i][flag] = None
 
     where = f"{type(optimizer).__name__}(at {id(optimizer):#x}): {flag} step"
-    entry = _patching.on_undo(TARGET, undo, where, owner=optimizer)
+    entry = engine.on_undo(TARGET, undo, where, owner=optimizer)
     _fast[optimizer] = (flag, changed, entry)
     return flag
 
@@ -105,7 +105,7 @@ def restore_step(optimizer: torch.optim.Optimizer) -> None:
     """Undo :func:`use_fast_step`: the flags back to unset, the hooks removed."""
     state = _fast.get(optimizer)
     if state is not None:
-        _patching.discard(state[2])
+        engine.discard(state[2])
 
 
 def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:

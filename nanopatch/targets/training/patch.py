@@ -23,9 +23,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nanopatch.engine import _patching, _versions
-from nanopatch.foundation._log import log_once
-from nanopatch.runtime import _malloc
+from nanopatch import engine
+from nanopatch.engine import versions
+from nanopatch.foundation.log import log_once
+from nanopatch.runtime import malloc
 from nanopatch.runtime import tuning as runtime
 
 from . import attention, discovery, dropout, loss, replay, selfcheck
@@ -35,7 +36,7 @@ from .plan import TARGET, lock, plans, state
 __all__ = ["describe", "patch", "plans", "release_data_parallel", "self_checks", "summary", "training_now", "unpatch"]
 
 #: torch versions this target is written against (module hooks with always_call, autocast on CPU).
-SUPPORTED = _versions.supported("torch")
+SUPPORTED = versions.supported("torch")
 
 
 def patch(config: Any) -> None:
@@ -43,21 +44,21 @@ def patch(config: Any) -> None:
     from torch.optim import optimizer as optimizer_mod
 
     state["config"] = config
-    _patching.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
-    _patching.wrap(nn.Module, "__getstate__", fw.module_getstate)
-    _patching.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    engine.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
+    engine.wrap(nn.Module, "__getstate__", fw.module_getstate)
+    engine.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
     if hasattr(F, "_in_projection_packed"):
-        _patching.wrap(F, "_in_projection_packed", attention.in_projection_packed)
+        engine.wrap(F, "_in_projection_packed", attention.in_projection_packed)
     if runtime.run_cpus() is not None:
         # under the runner the main thread is pinned to one CPU: torch's warning about too many
         # DataLoader workers must count the run's CPUs, as it does without the runner
         from torch.utils.data import dataloader
 
-        _patching.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
+        engine.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
     if runtime.tuned_names(os.environ):
         # a process the script starts through subprocess: the run's CPUs, not the main thread's
         # one, and for any program but a bootstrapped Python none of the runner's OpenMP variables
-        _patching.wrap(subprocess.Popen, "__init__", runtime.start_process_as_the_run)
+        engine.wrap(subprocess.Popen, "__init__", runtime.start_process_as_the_run)
     if config.malloc_reuse:
         _keep_freed_memory()
     loss.install()
@@ -77,19 +78,19 @@ def patch(config: Any) -> None:
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
     ):
-        _patching.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (model search)")
+        engine.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (model search)")
     with lock:
         for plan in list(plans.values()):
             if plan.ipex and not plan.installed:
                 plan.installed = True  # its forward never left: it is accelerated again
-        if not _patching.applied_on_import():  # torch only now imported: no optimizer exists yet
+        if not engine.applied_on_import():  # torch only now imported: no optimizer exists yet
             discovery.scan()
 
 
 def _keep_freed_memory() -> None:
-    done, what = _malloc.keep_freed_memory()
+    done, what = malloc.keep_freed_memory()
     if done:
-        _patching.on_undo(TARGET, _malloc.restore_defaults, what)
+        engine.on_undo(TARGET, malloc.restore_defaults, what)
         state["malloc"] = what
     log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 #: the patch engine's name for the training target (what its journal entries are filed under)
 TARGET = "training"
@@ -92,7 +92,7 @@ class Plan:
     stock: str | None = None  # why this model runs stock, if it does
     notes: list[str] = dataclasses.field(default_factory=list)
     installed: bool = False
-    previous_forward: Any = _patching.NOTSET
+    previous_forward: Any = engine.NOTSET
     setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
     ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
     layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it

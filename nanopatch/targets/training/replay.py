@@ -22,7 +22,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 from . import amp, dropout, selfcheck
 from .plan import local
@@ -109,5 +109,5 @@ def install() -> list[str]:
     if missing:
         return missing
     for owner_name, attribute in HOOK_POINTS:
-        _patching.wrap(getattr(checkpoint, owner_name), attribute, _WRAPPERS[(owner_name, attribute)])
+        engine.wrap(getattr(checkpoint, owner_name), attribute, _WRAPPERS[(owner_name, attribute)])
     return []

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanopatch.foundation import learning
-from nanopatch.foundation._log import warn_once
+from nanopatch.foundation.log import warn_once
 
 from .plan import local
 

@@ -208,7 +208,7 @@ def _aa_into_usable() -> bool:
     checked on noise images for single-axis passes that shrink and enlarge either axis."""
     import torch
 
-    from nanopatch.foundation._log import warnings_from
+    from nanopatch.foundation.log import warnings_from
 
     rng = np.random.default_rng(5)
     try:

@@ -38,10 +38,10 @@ def _one_thread(module: ModuleType) -> None:
         if os.getpid() == pid:  # a forked child never touches OpenCV's threading
             module.setNumThreads(before)
 
-    from nanopatch.engine import _patching
+    from nanopatch import engine
 
-    if _patching.is_applied("vision"):  # else nanopatch's kernels run outside a patch (a spawned worker)
-        _patching.on_undo("vision", undo, f"cv2.setNumThreads(1) (it was {before})")
+    if engine.is_applied("vision"):  # else nanopatch's kernels run outside a patch (a spawned worker)
+        engine.on_undo("vision", undo, f"cv2.setNumThreads(1) (it was {before})")
 
 
 def cv2() -> ModuleType:
@@ -56,9 +56,9 @@ def _before_fork() -> None:
     module = sys.modules.get("cv2")
     if module is None or _configured_in is not None or not hasattr(module, "setNumThreads"):
         return
-    from nanopatch.engine import _patching
+    from nanopatch import engine
 
-    if _patching.is_applied("vision"):
+    if engine.is_applied("vision"):
         _one_thread(module)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanopatch.engine import _patching
+from nanopatch import engine
 
 #: The engine's name for this target (its journal records are filed under it).
 TARGET = "vision"
@@ -15,7 +15,7 @@ def original(owner: Any, name: str) -> Any:
     """What ``owner.name`` was before this target replaced it: the engine's journal records it
     while the target is applied; otherwise the attribute is stock's own. Raw, as stored in
     ``owner.__dict__`` (a ``staticmethod`` stays one)."""
-    found = _patching.original(TARGET, owner, name)
-    if found is _patching.NOTSET or getattr(found, "__module__", "").startswith("nanopatch."):
-        raise RuntimeError(f"nanopatch: no record of the stock {_patching._qualname(owner)}.{name}")
+    found = engine.original(TARGET, owner, name)
+    if found is engine.NOTSET or getattr(found, "__module__", "").startswith("nanopatch."):
+        raise RuntimeError(f"nanopatch: no record of the stock {engine.qualname(owner)}.{name}")
     return found

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 import torchvision.transforms.functional as F
 
-from nanopatch.engine import _patching, config
+from nanopatch import engine
+from nanopatch.engine import config
 from nanopatch.foundation import usage
 
 from . import decode as _decode
@@ -40,7 +41,7 @@ def stock_class(module, name: str) -> type:
 
 def fast_decode_enabled() -> bool:
     """The ``fast_decode`` option in force (the environment's, in a process never patched)."""
-    active = _patching._active
+    active = engine.active_config()
     if active is not None:
         return active.fast_decode
     raw = os.environ.get(config.env_name("fast_decode"), "").strip()

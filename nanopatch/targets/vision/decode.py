@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from nanopatch.foundation import usage
-from nanopatch.foundation._log import log_once, warnings_from
+from nanopatch.foundation.log import log_once, warnings_from
 
 from . import _opencv
 

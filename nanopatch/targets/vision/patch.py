@@ -3,13 +3,14 @@ is imported (or at once if it already is) and undone exactly by the engine's jou
 
 from __future__ import annotations
 
-from nanopatch.engine import _patching, _versions
-from nanopatch.foundation._log import log_once
+from nanopatch import engine
+from nanopatch.engine import versions
+from nanopatch.foundation.log import log_once
 
 from ._originals import original
 
 #: torchvision versions this target is written against (its loader, dataset and transform internals).
-SUPPORTED = _versions.supported("torchvision")
+SUPPORTED = versions.supported("torchvision")
 
 
 def patch(config) -> None:
@@ -27,20 +28,20 @@ def patch(config) -> None:
     from . import datasets, transforms
 
     # default_loader and every loader-taking dataset call folder.pil_loader at call time.
-    _patching.replace_everywhere(original(folder, "pil_loader"), datasets.pil_loader, "torchvision")
-    _patching.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
+    engine.replace_everywhere(original(folder, "pil_loader"), datasets.pil_loader, "torchvision")
+    engine.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
 
     for name in datasets.IN_MEMORY:
         cls = getattr(tv_datasets, name, None)
         if cls is None or "__getitem__" not in cls.__dict__:
             continue  # not in this torchvision version: stays stock
-        _patching.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
+        engine.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
 
     # Transform classes: where torchvision defines them and every namespace re-exporting them.
     # Each nanopatch class subclasses the stock class it stands in for (``_nanopatch_stock``).
     for name in transforms.__all__:
         ours = getattr(transforms, name)
-        _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+        engine.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
 
     if not hasattr(v2.Transform, "make_params"):  # torchvision < 0.21 names it _get_params
         log_once("transforms-v2", "torchvision %s: transforms.v2 left stock", torchvision_version())
@@ -49,7 +50,7 @@ def patch(config) -> None:
 
     for name in transforms_v2.__all__:
         ours = getattr(transforms_v2, name)
-        _patching.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+        engine.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
 
 
 def torchvision_version() -> str:

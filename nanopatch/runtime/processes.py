@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nanopatch.foundation._log import log_once, warn_once
+from nanopatch.foundation.log import log_once, warn_once
 
 logger = logging.getLogger("nanopatch")
 
