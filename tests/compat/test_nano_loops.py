@@ -106,7 +106,8 @@ def run_script(tmp_path, api, *args):
 
 @pytest.mark.parametrize("backend", ["fabric", "nanopatch"])
 @pytest.mark.parametrize("api", ["torchnano", "decorated"])
-@pytest.mark.parametrize("processes", [1, 2])
+# one process: py only (the two-process runs, everywhere, take the same path and DDP)
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.py_only), 2])
 def test_custom_loops_train_accelerated_on_n_processes(tmp_path, api, processes, backend):
     """On Lightning Fabric, and (``--no-fabric``: as if Lightning were not installed) on
     nanopatch's own spawned processes and data-parallel engine."""

@@ -224,6 +224,7 @@ OFF = {"cuda_to_cpu": "disabled", "cuda_extensions": "disabled", "breakdown": "d
     ],
     ids=["default", "no-vision"],
 )
+@pytest.mark.py_only  # a whole script under the runner
 def test_script_runs_patched_with_demo_targets(tmp_path, options, states):
     script = write(tmp_path / "demo.py", DEMO_SCRIPT)
     seen = ok(runner([*options, str(script)], cwd=tmp_path))
@@ -303,6 +304,7 @@ with open(os.environ["NANOPATCH_TEST_MARKER"], "a") as marker:
 """
 
 
+@pytest.mark.py_only  # a whole script under the runner
 def test_child_processes_are_patched_with_the_runners_options(tmp_path):
     script = write(tmp_path / "children.py", CHILDREN_SCRIPT)
     user_site = tmp_path / "user_site"
@@ -457,6 +459,7 @@ def test_split_argv_dash_m_without_module_raises(argv):
         split_argv(build_parser(), argv)
 
 
+@pytest.mark.py_only  # a whole script under the runner
 def test_v_prints_each_of_nanopatchs_lines_once_beside_a_root_handler(tmp_path):
     """``-v`` sends nanopatch's log to stderr; a handler on the root logger (the script's
     ``logging.basicConfig``, or the one IPEX installs on import) does not print it again."""

@@ -82,6 +82,7 @@ def result(proc):
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.py_only  # the processes a launch starts and leaves
 def test_tuned_run_sets_threads_pins_them_and_preloads_the_allocator(tmp_path):
     script = tmp_path / "aff.py"
     script.write_text(AFFINITY)
@@ -164,6 +165,7 @@ def test_values_the_user_set_are_kept(tmp_path):
     assert seen["env"]["LD_PRELOAD"] is None and not seen["jemalloc"] and not seen["tcmalloc"]
 
 
+@pytest.mark.py_only  # the processes a launch starts and leaves
 def test_info_shows_the_plan_for_one_process_and_for_several(tmp_path):
     one = ok(nanopatch(["--info", "--allocator", "default"], cwd=tmp_path)).stdout
     assert "Runtime tuning" in one and "OMP_NUM_THREADS" in one and "physical core(s)" in one
@@ -285,6 +287,7 @@ def test_a_script_doing_its_own_ddp_is_left_alone(tmp_path):
     assert_same_weights(ranks[0]["state"], ref["state"], atol=1e-6)  # its DDP, no auto-LR of ours
 
 
+@pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
 def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     proc, _ = dp_run(tmp_path, ["--nproc", "2", "--all-ranks-print"], ["--fail-rank", "1"])
@@ -297,6 +300,7 @@ def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     assert exits.returncode == 3 and "rank 0 of 2 failed with exit code 3" in exits.stderr
 
 
+@pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
 def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
     """``sys.exit(main())`` ends most scripts: the rank's process group is torn down as after a
@@ -308,6 +312,7 @@ def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
     assert "final loss" in proc.stdout and "Signal" not in proc.stderr
 
 
+@pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
 def test_a_one_machine_job_listens_on_loopback_only(tmp_path):
     """torchrun's --standalone store listened on every interface, and gloo on the address the

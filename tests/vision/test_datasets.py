@@ -258,6 +258,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.py_only  # worker processes of each start method (test_transforms_api's fork and spawn run everywhere)
 def test_decoding_in_dataloader_workers_of_every_start_method(image_folder, tmp_path):
     script = tmp_path / "workers.py"
     script.write_text(WORKER_SCRIPT)

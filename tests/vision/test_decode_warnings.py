@@ -73,6 +73,7 @@ def run(tmp_path, *runner, script_text=SCRIPT, **env):
     return proc
 
 
+@pytest.mark.py_only  # a whole script's warnings, printed by Python's own machinery
 @pytest.mark.parametrize("backend", backends())
 def test_a_warning_in_the_loop_prints_as_often_as_stock(tmp_path, backend):
     stock = run(tmp_path / "stock")
@@ -125,6 +126,7 @@ LOADER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.py_only  # a whole script's warnings, printed by Python's own machinery
 def test_nanopatchs_own_probes_leave_pythons_record_of_shown_warnings(tmp_path):
     """nanopatch's probes that turn warnings into errors or ignore them (the resize kernel's
     check, the kernel registrations) leave Python's record of the warnings already shown alone:
