@@ -37,7 +37,6 @@ from typing import Any
 
 from nanopatch.foundation import argv, cpu, records
 from nanopatch.runtime import tuning
-from nanopatch.runtime.tuning import REEXEC_MARKER
 
 #: where a trial's processes write what they measured (a folder; one file per rank)
 OUT_VARIABLE = "NANOPATCH_MEASURE_OUT"
@@ -228,7 +227,7 @@ def measure(
     earlier measurement of the same command on this machine, else by trials. Returns (count,
     trials, the line that says so), and exports the figures for the final run's advice."""
     given = figures()
-    if given is not None and os.environ.get(REEXEC_MARKER) and isinstance(given.get("chosen"), int):
+    if given is not None and os.environ.get(tuning.REEXEC_MARKER) and isinstance(given.get("chosen"), int):
         return given["chosen"], [], ""  # this command again, in the interpreter restarted to preload an allocator
     facts = cpu.host_facts() if facts is None else facts
     log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
