@@ -1,5 +1,10 @@
 """Options: explicit arguments beat ``NANOPATCH_*`` environment variables beat auto-detection.
 
+Each option is defined once, in :data:`TABLE` (name, kind, default or detector, what it does,
+the docs' default text): :class:`Config`'s fields, ``patch_torch``'s docstring, the runner's flags
+and ``--help``, ``status()``/``--info`` and docs/runner.md's options table (:func:`markdown_table`,
+kept equal by a test) all come from it.
+
 Every option of :func:`nanopatch.patch_torch` can also be given as an environment variable
 ``NANOPATCH_<NAME>`` (``NANOPATCH_BF16=0``, ``NANOPATCH_COMPILE=max-autotune``), so processes
 started by the runner, DataLoader workers started by spawn and cluster jobs see the same
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nanopatch.foundation import cpu
@@ -25,41 +30,55 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 #: the training target's compile_choice)
 COMPILE_AUTO = "auto"
 
+#: what each kind of option accepts, as docs/runner.md's table says it
+KINDS_MARKDOWN = {
+    "bool": "true / false",
+    "tristate": "true / false / auto",
+    "compile": "false / true / `auto` (compiled where the run's steps measure it faster) / "
+    + ", ".join(f"`{mode}`" for mode in COMPILE_MODES),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option of ``patch_torch`` (and of the runner, and ``NANOPATCH_<NAME>``)."""
+
+    name: str
+    kind: str  # "bool" (on/off), "tristate" (on/off/auto), "compile" (off/on/mode/auto)
+    help: str  # what it does, one clause: patch_torch's docstring, the runner's --help
+    default_doc: str  # docs/runner.md's "default" cell: the default, and what it means
+    default: Any = False  # the value when nothing chooses one (unused where ``detect`` is set)
+    detect: Callable[[], tuple[bool, str]] | None = None  # auto-detection: (value, reason)
+    flag: bool = True  # the runner takes --NAME/--no-NAME (data_parallel is set by --nproc)
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default_word(self) -> str:
+        """``auto``, ``on`` or ``off``, as ``--help`` says it."""
+        if self.detect is not None:
+            return "auto"
+        return "on" if self.default else "off"
+
+    def markdown_row(self) -> str:
+        if not self.flag:
+            names = f"`{self.name}` (set by `--nproc`)"
+        elif self.kind == "compile":
+            names = f"`{self.name}` / `{self.flag_name}[=MODE]`, `--no-{self.flag_name[2:]}`"
+        else:
+            names = f"`{self.name}` / `--[no-]{self.flag_name[2:]}`"
+        return f"| {names} | `{self.env}` | {KINDS_MARKDOWN[self.kind]} | {self.default_doc} |"
+
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _AUTO = "auto"
-
-#: option name -> kind: "bool" (on/off), "tristate" (on/off/auto), "compile" (off/on/mode).
-OPTIONS: dict[str, str] = {
-    "vision": "bool",
-    "training": "bool",
-    "bf16": "tristate",
-    "bf16_eval": "bool",
-    "channels_last": "tristate",
-    "ipex": "tristate",
-    "compile": "compile",
-    "fast_decode": "bool",
-    "data_parallel": "bool",
-    "auto_lr": "bool",
-    "fast_dropout": "bool",
-    "malloc_reuse": "bool",
-    "cuda_to_cpu": "bool",
-    "breakdown": "bool",
-}
-
-_DEFAULTS: dict[str, Any] = {
-    "vision": True,
-    "training": True,
-    "bf16_eval": True,
-    "compile": False,
-    "fast_decode": True,
-    "data_parallel": False,
-    "auto_lr": True,
-    "fast_dropout": True,
-    "malloc_reuse": True,
-    "cuda_to_cpu": False,
-    "breakdown": False,
-}
 
 
 def env_name(option: str) -> str:
@@ -67,7 +86,7 @@ def env_name(option: str) -> str:
 
 
 def allowed_values(option: str) -> str:
-    kind = OPTIONS[option]
+    kind = BY_NAME[option].kind
     if kind == "bool":
         return "true/false (or 1/0, yes/no, on/off)"
     if kind == "tristate":
@@ -81,7 +100,7 @@ def _bad(option: str, value: object, where: str) -> ValueError:
 
 def parse_value(option: str, value: object, where: str = "") -> Any:
     """Normalise one option value; ``None`` means auto. Raises ValueError naming the option."""
-    kind = OPTIONS[option]
+    kind = BY_NAME[option].kind
     given = value
     if isinstance(value, str):
         text = value.strip().lower()
@@ -108,22 +127,23 @@ def parse_value(option: str, value: object, where: str = "") -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A fully resolved set of options, with where each value came from and why."""
+    """A fully resolved set of options, with where each value came from and why. Its fields are
+    :data:`TABLE`'s options, in its order (a test keeps them equal); what each means is there."""
 
     vision: bool
     training: bool
     bf16: bool
-    bf16_eval: bool  # keep bf16 autocast when a paired model runs in eval mode
+    bf16_eval: bool
     channels_last: bool
     ipex: bool
-    compile: str | bool  # False, a torch.compile mode name, or "auto" (compiled where measured faster)
-    fast_decode: bool  # let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)
-    data_parallel: bool  # data-parallel over torch.distributed (on in `--nproc` processes)
-    auto_lr: bool  # scale the learning rate by the world size, with a warm-up, when data-parallel
-    fast_dropout: bool  # dropout masks in an accelerated training forward from a faster generator
-    malloc_reuse: bool  # glibc malloc keeps freed memory for reuse (no other allocator loaded)
-    cuda_to_cpu: bool  # a script written for a CUDA GPU runs on the CPU (its CUDA calls redirected)
-    breakdown: bool  # time the run: waiting for data, forward + backward, the optimizer step, the rest
+    compile: str | bool
+    fast_decode: bool
+    data_parallel: bool
+    auto_lr: bool
+    fast_dropout: bool
+    malloc_reuse: bool
+    cuda_to_cpu: bool
+    breakdown: bool
     sources: Mapping[str, str] = dataclasses.field(compare=False)
     reasons: Mapping[str, str] = dataclasses.field(compare=False)
 
@@ -180,11 +200,12 @@ def resolve(options: Mapping[str, Any] | None = None, environ: Mapping[str, str]
                 if value is not None:
                     sources[name], reasons[name] = "environment", f"set by {var}={raw}"
         if value is None:
-            if name in _DEFAULTS:
-                value = _DEFAULTS[name]
+            option = BY_NAME[name]
+            if option.detect is None:
+                value = option.default
                 sources[name], reasons[name] = "default", "default"
             else:
-                value, reasons[name] = _AUTODETECT[name]()
+                value, reasons[name] = option.detect()
                 sources[name] = "auto"
         values[name] = value
     _check_explicit_choices(values, sources, reasons)
@@ -288,8 +309,121 @@ def _auto_ipex() -> tuple[bool, str]:
     return ok, reason
 
 
-_AUTODETECT = {
-    "bf16": _auto_bf16,
-    "channels_last": _auto_channels_last,
-    "ipex": _auto_ipex,
-}
+#: Every option, once, in the order status(), --info and the docs list them.
+TABLE: tuple[Option, ...] = (
+    Option(
+        "vision",
+        "bool",
+        "torchvision's decoding, datasets and transforms on libjpeg-turbo and OpenCV",
+        "on",
+        default=True,
+    ),
+    Option(
+        "training",
+        "bool",
+        "accelerate the model and optimizer the script trains (each change kept where it measures faster)",
+        "on",
+        default=True,
+    ),
+    Option(
+        "bf16",
+        "tristate",
+        "bf16 autocast for the trained model",
+        "auto: on only with native bf16 (`avx512_bf16` or `amx_bf16`), and kept for a model only where its "
+        "first steps measure bf16 not slower than fp32 (an explicit true is not measured)",
+        detect=_auto_bf16,
+    ),
+    Option(
+        "bf16_eval",
+        "bool",
+        "keep bf16 autocast when a paired model runs in eval mode",
+        "on: a paired model keeps bf16 autocast in eval mode",
+        default=True,
+    ),
+    Option(
+        "channels_last",
+        "tristate",
+        "channels-last memory format for models with 2-D/3-D convolutions",
+        "auto: on for x86 CPUs with AVX2",
+        detect=_auto_channels_last,
+    ),
+    Option(
+        "ipex",
+        "tristate",
+        "intel-extension-for-pytorch's optimize() for the trained model and optimizer",
+        "auto: on when intel-extension-for-pytorch is installed and built for the installed torch",
+        detect=_auto_ipex,
+    ),
+    Option(
+        "compile",
+        "compile",
+        "torch.compile the model forward: a mode, or auto to compile only where the run's own steps measure it faster",
+        "off",
+    ),
+    Option(
+        "fast_decode",
+        "bool",
+        "let a pipeline decode JPEGs DCT-scaled (a known, small pixel difference)",
+        "on: a patched pipeline that starts with `Resize` or `RandomResizedCrop` decodes a dataset's JPEG at "
+        "the smallest DCT scale that still covers its output (see [fast decode](what-is-patched.md#transforms-vision))",
+        default=True,
+    ),
+    Option(
+        "data_parallel",
+        "bool",
+        "data-parallel over torch.distributed (on in the processes --nproc starts)",
+        "off; on in the processes `--nproc` starts",
+        flag=False,
+    ),
+    Option(
+        "auto_lr",
+        "bool",
+        "scale the learning rate by the world size, with a warm-up, when data-parallel",
+        "on: with `--nproc`, scale the learning rate by the number of processes, with a warm-up",
+        default=True,
+    ),
+    Option(
+        "fast_dropout",
+        "bool",
+        "dropout masks in an accelerated training forward from a faster generator",
+        "on: dropout masks in an accelerated training forward drawn four per 64-bit random value (same "
+        "distribution to 1/65536, not stock's random stream)",
+        default=True,
+    ),
+    Option(
+        "malloc_reuse",
+        "bool",
+        "glibc malloc keeps freed memory for reuse (no other allocator loaded)",
+        "on: on glibc's malloc (no other allocator loaded, nothing tuned by the user), freed memory is kept "
+        "for reuse; the process keeps its peak memory",
+        default=True,
+    ),
+    Option(
+        "cuda_to_cpu",
+        "bool",
+        "a script written for a CUDA GPU runs on the CPU (its CUDA calls redirected)",
+        "off: on, a script written for a CUDA GPU runs on the CPU (see [cuda-to-cpu.md](cuda-to-cpu.md))",
+    ),
+    Option(
+        "breakdown",
+        "bool",
+        "time the run (waiting for data, forward + backward, the optimizer step, the rest) and advise",
+        "off, and on under `--compare` and `-v`: time the run (waiting for data, forward + backward, the "
+        "optimizer step, the rest) and advise (see "
+        "[where the time goes](checking.md#where-the-time-goes---compare--v-breakdown))",
+    ),
+)
+BY_NAME: dict[str, Option] = {option.name: option for option in TABLE}
+#: option name -> kind ("bool", "tristate" or "compile"), in the table's order
+OPTIONS: dict[str, str] = {option.name: option.kind for option in TABLE}
+
+
+def markdown_table() -> str:
+    """docs/runner.md's options table (a test keeps the two equal; print this to update it)."""
+    head = ["| option (`patch_torch` / runner) | environment | values | default |", "|---|---|---|---|"]
+    return "\n".join(head + [option.markdown_row() for option in TABLE])
+
+
+def docstring_lines() -> str:
+    """One line per option, as ``patch_torch``'s docstring lists them."""
+    return "\n".join(f"    {option.name} ({option.default_word}): {option.help}" for option in TABLE)

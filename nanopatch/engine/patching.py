@@ -251,14 +251,20 @@ def _undo_targets(names: Iterable[str]) -> None:
 
 
 def patch_torch(**options: Any) -> None:
-    """Apply every enabled patch. Options (all default to auto/env): vision, training, bf16,
-    bf16_eval, channels_last, ipex, compile, fast_decode, data_parallel, auto_lr, fast_dropout,
-    malloc_reuse, cuda_to_cpu (off by default: run a script written for a CUDA GPU on the CPU).
-    Calling it again with the same options does nothing; with different options the patches
-    are re-applied with the new ones."""
     config = _config.resolve(options)
     with _locked():
         _activate(config)
+
+
+patch_torch.__doc__ = f"""Apply every enabled patch. Calling it again with the same options does nothing; with
+    different options the patches are re-applied with the new ones.
+
+    Each option not given falls back to its ``NANOPATCH_<NAME>`` environment variable, then to
+    its default or auto-detection (in brackets); a bad value raises ValueError, an unknown
+    name TypeError:
+
+{_config.docstring_lines()}
+    """
 
 
 def _activate(config: _config.Config | None) -> None:

@@ -43,12 +43,6 @@ class _UsageError(Exception):
     """Bad runner arguments: exit code 2, as argparse uses."""
 
 
-def _default_text(option: str, kind: str) -> str:
-    if kind != "bool":
-        return "auto"
-    return "on" if config._DEFAULTS.get(option, True) else "off"
-
-
 def _compile_mode(text: str) -> Any:
     try:
         return config.parse_value("compile", text)
@@ -69,30 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     patches = parser.add_argument_group("patches (same names as nanopatch.patch_torch)")
-    for name, kind in config.OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if name == "data_parallel":  # set by --nproc for the processes it starts
-            continue
-        if kind == "compile":
-            patches.add_argument(
-                flag,
-                nargs="?",
-                const="default",
-                default=None,
-                type=_compile_mode,
-                metavar="MODE",
-                help="torch.compile the model forward; write the mode as --compile=MODE "
-                f"({', '.join(config.COMPILE_MODES)}), or --compile=auto to compile only where the run's "
-                "own steps measure it faster; off by default",
-            )
-            patches.add_argument("--no-" + flag[2:], dest=name, action="store_false")
-        else:
-            patches.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"(default: {_default_text(name, kind)}; env {config.env_name(name)})",
-            )
+    for option in config.TABLE:
+        if option.flag:
+            _add_option(patches, option)
     launch.add_options(parser)
     parser.add_argument(
         "--compare",
@@ -139,6 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nanopatch {__version__}")
     return parser
+
+
+def _add_option(group: argparse._ArgumentGroup, option: config.Option) -> None:
+    """The runner's flags of one option of config.TABLE, with its help."""
+    if option.kind == "compile":
+        group.add_argument(
+            option.flag_name,
+            nargs="?",
+            const="default",
+            default=None,
+            type=_compile_mode,
+            metavar="MODE",
+            help=f"{option.help}; write the mode as {option.flag_name}=MODE ({', '.join(config.COMPILE_MODES)}, "
+            f"auto) (default: {option.default_word}; env {option.env})",
+        )
+        group.add_argument("--no-" + option.flag_name[2:], dest=option.name, action="store_false")
+    else:
+        group.add_argument(
+            option.flag_name,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{option.help} (default: {option.default_word}; env {option.env})",
+        )
 
 
 def split_argv(

@@ -200,3 +200,27 @@ def test_explicit_bf16_without_native_support_is_kept_with_a_warning(machine, fr
     with pytest.warns(NanopatchWarning, match="bf16 was requested, but CPU has no native bf16"):
         cfg = config.resolve()
     assert cfg.bf16 is True and "although" in cfg.reasons["bf16"]
+
+
+def test_every_option_is_defined_once_in_the_table():
+    """config.TABLE is the one definition: Config's fields are its names in its order, each
+    option has a default of its kind or a detector (tristate: a detector), and patch_torch's
+    docstring and the runner's --help are built from it."""
+    import dataclasses
+
+    import nanopatch
+    from nanopatch.runner import cli
+
+    fields = [f.name for f in dataclasses.fields(config.Config) if f.name not in ("sources", "reasons")]
+    assert fields == [option.name for option in config.TABLE] == list(config.OPTIONS)
+    assert len(config.BY_NAME) == len(config.TABLE)
+    helps = cli.build_parser().format_help()
+    for option in config.TABLE:
+        assert option.kind in config.KINDS_MARKDOWN
+        if option.kind == "tristate":
+            assert option.detect is not None, option.name
+        elif option.detect is None:
+            assert config.parse_value(option.name, option.default) == option.default, option.name
+        assert f"    {option.name} ({option.default_word}): {option.help}" in nanopatch.patch_torch.__doc__
+        assert (option.env in helps) is option.flag, option.name
+        assert (option.flag_name in helps) is option.flag, option.name
