@@ -67,6 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
         if option.flag:
             _add_option(patches, option)
     launch.add_options(parser)
+    _add_check_options(parser)
+    parser.add_argument("--info", action="store_true", help="print the capability report and exit")
+    parser.add_argument(
+        "--init",
+        action="store_true",
+        help="print the runtime tuning (threads, OpenMP affinity, allocator) as shell export lines and exit: "
+        'eval "$(python -m nanopatch --init)" sets a shell or notebook launcher up as the runner would '
+        "(replaces BigDL-Nano's source bigdl-nano-init)",
+    )
+    parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help=f"log what nanopatch does to stderr (-vv for debug); env {LOG_LEVEL_VARIABLE}",
+    )
+    parser.add_argument("--version", action="version", version=f"nanopatch {__version__}")
+    return parser
+
+
+def _add_check_options(parser: argparse.ArgumentParser) -> None:
+    """--compare (with --try-compile and --plot) and --verify [N]."""
     parser.add_argument(
         "--compare",
         action="store_true",
@@ -94,24 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
         "per step the losses, the parameters that got a gradient in one run only and the largest parameter drift, "
         "and whether the patched run learns as stock; exit status 0 if it does, 1 if not, 3 if a run failed",
     )
-    parser.add_argument("--info", action="store_true", help="print the capability report and exit")
-    parser.add_argument(
-        "--init",
-        action="store_true",
-        help="print the runtime tuning (threads, OpenMP affinity, allocator) as shell export lines and exit: "
-        'eval "$(python -m nanopatch --init)" sets a shell or notebook launcher up as the runner would '
-        "(replaces BigDL-Nano's source bigdl-nano-init)",
-    )
-    parser.add_argument("--json", action="store_true", help="with --info: print it as JSON")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help=f"log what nanopatch does to stderr (-vv for debug); env {LOG_LEVEL_VARIABLE}",
-    )
-    parser.add_argument("--version", action="version", version=f"nanopatch {__version__}")
-    return parser
 
 
 def _add_option(group: argparse._ArgumentGroup, option: config.Option) -> None:
@@ -218,38 +223,18 @@ def parse(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The runner: read the command line, then do what its mode says (``--info``, ``--init``,
+    ``--verify``, ``--compare``, or run the script, in one process or ``--nproc`` of them)."""
     parser = build_parser()
     may_reexec = argv is None  # a real command line, which can be executed again
     argv = sys.argv[1:] if argv is None else argv
     own, opts, kind, target, script_args = parse(parser, argv)
-    log_level = os.environ.get(LOG_LEVEL_VARIABLE)
-    if opts.verbose:
-        log_level = "DEBUG" if opts.verbose > 1 else "INFO"
-    if log_level:
-        configure_stderr(log_level)
-    if opts.verbose and opts.breakdown is None and not os.environ.get(config.env_name("breakdown"), "").strip():
-        os.environ[config.env_name("breakdown")] = "1"  # -v says where the time went
+    log_level = _set_up_logging(opts)
     options = {name: getattr(opts, name, None) for name in config.OPTIONS if getattr(opts, name, None) is not None}
-
     if opts.info:
-        from ._info import collect, format_table
-
-        try:
-            tuning = None
-            if opts.tune:
-                plan = launch.current_plan(opts)
-                tuning = launch.describe_processes(opts, plan) if launch.wants_launch(opts) else plan.as_dict()
-            info = collect(options, tuning)
-        except ValueError as exc:  # a bad NANOPATCH_* value, or a --nproc/--cpus that does not fit
-            parser.error(str(exc))
-        print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
-        return 0
+        return _print_info(parser, opts, options)
     if opts.init:
-        try:
-            print(runtime.shell_exports(launch.current_plan(opts)))
-        except ValueError as exc:
-            parser.error(str(exc))
-        return 0
+        return _print_init(parser, opts)
     if target is None:
         parser.print_usage(sys.stderr)
         print("python -m nanopatch: error: no script or -m module to run", file=sys.stderr)
@@ -262,40 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     target_argv = ["-m", target, *script_args] if kind == "module" else [target, *script_args]
     if opts.verify is not None or opts.compare:
-        try:
-            cuda_to_cpu = config.resolve(options).cuda_to_cpu  # the stock run needs the redirect too
-        except ValueError as exc:  # a bad NANOPATCH_* value
-            parser.error(str(exc))
-    if opts.verify is not None:
-        from .verify import verify
-
-        return verify(own, target_argv, opts.verify, cuda_to_cpu=cuda_to_cpu)
-    if opts.compare:
-        from .compare import compare
-
-        return compare(
-            _without_compare(own), target_argv, cuda_to_cpu=cuda_to_cpu, plot=opts.plot, try_compile=opts.try_compile
-        )
-    from nanopatch.runtime import measure
-
-    if opts.nproc == "measure":
-        chosen, _, _ = measure.measure(own, target_argv)
-        opts.nproc = chosen if chosen > 1 else None
-    elif not opts.rank_worker:
-        measure.recall(own, target_argv)  # an earlier measurement of this command: for the advice
-    # The runtime is tuned first, and the interpreter may start again here to preload an
-    # allocator: everything after this runs once, in the final interpreter.
-    launching = launch.wants_launch(opts)
-    if launching:
-        try:
-            launch.rank_cpus(opts)
-        except ValueError as exc:
-            parser.error(str(exc))
-        launch.tune_launcher(opts, may_reexec)
-    elif opts.rank_worker:
-        launch.start_worker(opts)
-    else:
-        launch.tune(opts, may_reexec)
+        return _check(parser, opts, own, target_argv, options)
+    _choose_processes(opts, own, target_argv)
+    launching = _tune(parser, opts, may_reexec)
     try:
         cfg = config.resolve(options)
     except ValueError as exc:  # a bad NANOPATCH_* value
@@ -310,6 +264,97 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.rank_worker:
         return _run_rank(kind, target, script_args)
     return _run_target(kind, target, script_args)
+
+
+def _set_up_logging(opts: argparse.Namespace) -> str | None:
+    """Logging to stderr at -v/-vv (or NANOPATCH_LOG_LEVEL); -v also times the run (the
+    breakdown) unless the breakdown option is given. Returns the level for child processes."""
+    log_level = os.environ.get(LOG_LEVEL_VARIABLE)
+    if opts.verbose:
+        log_level = "DEBUG" if opts.verbose > 1 else "INFO"
+    if log_level:
+        configure_stderr(log_level)
+    if opts.verbose and opts.breakdown is None and not os.environ.get(config.env_name("breakdown"), "").strip():
+        os.environ[config.env_name("breakdown")] = "1"  # -v says where the time went
+    return log_level
+
+
+def _print_info(parser: argparse.ArgumentParser, opts: argparse.Namespace, options: dict[str, Any]) -> int:
+    """``--info [--json]``: the capability report, with the tuning the options given would get."""
+    from ._info import collect, format_table
+
+    try:
+        tuning = None
+        if opts.tune:
+            plan = launch.current_plan(opts)
+            tuning = launch.describe_processes(opts, plan) if launch.wants_launch(opts) else plan.as_dict()
+        info = collect(options, tuning)
+    except ValueError as exc:  # a bad NANOPATCH_* value, or a --nproc/--cpus that does not fit
+        parser.error(str(exc))
+    print(json.dumps(info, indent=2, default=str) if opts.json else format_table(info))
+    return 0
+
+
+def _print_init(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> int:
+    """``--init``: one process's runtime tuning as shell export lines."""
+    try:
+        print(runtime.shell_exports(launch.current_plan(opts)))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return 0
+
+
+def _check(
+    parser: argparse.ArgumentParser,
+    opts: argparse.Namespace,
+    own: Sequence[str],
+    target_argv: list[str],
+    options: dict[str, Any],
+) -> int:
+    """``--verify [N]`` or ``--compare``: the script run stock and patched, side by side."""
+    try:
+        cuda_to_cpu = config.resolve(options).cuda_to_cpu  # the stock run needs the redirect too
+    except ValueError as exc:  # a bad NANOPATCH_* value
+        parser.error(str(exc))
+    if opts.verify is not None:
+        from .verify import verify
+
+        return verify(own, target_argv, opts.verify, cuda_to_cpu=cuda_to_cpu)
+    from .compare import compare
+
+    return compare(
+        _without_compare(own), target_argv, cuda_to_cpu=cuda_to_cpu, plot=opts.plot, try_compile=opts.try_compile
+    )
+
+
+def _choose_processes(opts: argparse.Namespace, own: Sequence[str], target_argv: list[str]) -> None:
+    """``--nproc measure``: the count this machine trains fastest with, measured now; otherwise
+    an earlier measurement of this command is recalled, for the advice."""
+    from nanopatch.runtime import measure
+
+    if opts.nproc == "measure":
+        chosen, _, _ = measure.measure(own, target_argv)
+        opts.nproc = chosen if chosen > 1 else None
+    elif not opts.rank_worker:
+        measure.recall(own, target_argv)
+
+
+def _tune(parser: argparse.ArgumentParser, opts: argparse.Namespace, may_reexec: bool) -> bool:
+    """Tune the runtime, of the launcher, of one rank or of the one process; the interpreter may
+    start again here to preload an allocator, so everything after this runs once, in the final
+    interpreter. Returns whether this process launches the ``--nproc`` processes."""
+    launching = launch.wants_launch(opts)
+    if launching:
+        try:
+            launch.rank_cpus(opts)
+        except ValueError as exc:
+            parser.error(str(exc))
+        launch.tune_launcher(opts, may_reexec)
+    elif opts.rank_worker:
+        launch.start_worker(opts)
+    else:
+        launch.tune(opts, may_reexec)
+    return launching
 
 
 def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
