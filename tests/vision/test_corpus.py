@@ -53,7 +53,6 @@ DECLINED = {
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
     monkeypatch.setenv(decode.DECODER_VARIABLE, request.param)
-    decode.reset_backends()
     chosen = decode.jpeg_backend()
     if request.param == "turbojpeg" and chosen is None:
         if os.environ.get("NANOPATCH_TEST_REQUIRE_TURBOJPEG"):  # set by tox: CI must test it
@@ -61,7 +60,6 @@ def backend(request, monkeypatch):
         pytest.skip("libturbojpeg is not installed here")  # the opencv and pil runs still cover this
     assert (chosen.name if chosen else "pil") == request.param
     yield request.param
-    decode.reset_backends()
 
 
 @pytest.fixture(scope="module")

@@ -107,9 +107,7 @@ def _has_turbojpeg3(backend) -> bool:
 def fresh_decoders(monkeypatch):
     monkeypatch.delenv(decode.CROP_DECODE_VARIABLE, raising=False)
     monkeypatch.delenv(decode.DECODER_VARIABLE, raising=False)
-    decode.reset_backends()
     yield
-    decode.reset_backends()
 
 
 @pytest.fixture
@@ -199,9 +197,20 @@ def test_region_decoder_declines_what_it_must_not_take(region):
     assert found.decode(baseline, 1, (0, 0, 0, 5), False) is None
 
 
+def test_the_decoder_follows_its_variable_when_it_changes(fresh_decoders, monkeypatch):
+    """NANOPATCH_DECODER set after a first decode (by a script, or a test) chooses the next one:
+    the choice is kept per value of the variables, not once per process."""
+    monkeypatch.setenv(decode.DECODER_VARIABLE, "pil")
+    assert decode.jpeg_backend() is None
+    assert decode.region_decoder() is None
+    monkeypatch.setenv(decode.DECODER_VARIABLE, "opencv")
+    assert decode.jpeg_backend().name == "opencv"
+    monkeypatch.setenv(decode.DECODER_VARIABLE, "pil")
+    assert decode.jpeg_backend() is None
+
+
 def test_switch_turns_the_region_decoder_off(fresh_decoders, monkeypatch):
     monkeypatch.setenv(decode.CROP_DECODE_VARIABLE, "0")
-    decode.reset_backends()
     assert decode.region_decoder() is None
 
 
@@ -228,7 +237,6 @@ def _outcome(call):
 def test_decode_box_is_the_whole_decode_cut_on_every_file(small_corpus, backend_name, fresh_decoders, monkeypatch):
     """Stock's pixels cut, or stock's exception, for every file: good, odd, corrupt, not JPEG."""
     monkeypatch.setenv(decode.DECODER_VARIABLE, backend_name)
-    decode.reset_backends()
     rng = np.random.default_rng(31)
     for name, entry in small_corpus.items():
         whole = _outcome(lambda entry=entry: decode.pil_decode(entry.path))
@@ -329,7 +337,6 @@ def test_pipelines_are_the_same_with_and_without_crop_decode(folder, version, fa
     outputs = {}
     for switch in ("1", "0"):
         monkeypatch.setenv(decode.CROP_DECODE_VARIABLE, switch)
-        decode.reset_backends()
         before = len(regions)
         with nanopatch.patched(training=False, fast_decode=fast_decode):
             outputs[switch] = _samples(folder, version, 7)

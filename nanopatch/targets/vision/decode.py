@@ -267,25 +267,28 @@ def parse_jpeg_header(data) -> JpegHeader | None:
 
 
 class _Once:
-    """A value made by ``load()`` on first use, once per process (until :meth:`forget`)."""
+    """A value made by ``load()`` on first use, once per process, or again when ``key()`` (the
+    environment variables that choose it) changes: a script or a test that sets
+    ``NANOPATCH_DECODER`` gets the decoder it names at its next decode."""
 
     _UNLOADED: Any = object()
 
-    def __init__(self, load: Any) -> None:
+    def __init__(self, load: Any, key: Any) -> None:
         self._load = load
+        self._key = key
         self._lock = threading.Lock()
         self._value = self._UNLOADED
+        self._loaded_for: Any = None
 
     def get(self) -> Any:
-        if self._value is self._UNLOADED:
+        key = self._key()
+        if self._value is self._UNLOADED or key != self._loaded_for:
             with self._lock:
-                if self._value is self._UNLOADED:
+                if self._value is self._UNLOADED or key != self._loaded_for:
+                    self._value = self._UNLOADED
                     self._value = self._load()
+                    self._loaded_for = key
         return self._value
-
-    def forget(self) -> None:
-        with self._lock:
-            self._value = self._UNLOADED
 
 
 def _calibration_jpegs() -> list[bytes]:
@@ -355,18 +358,12 @@ def _load_backend() -> _Backend | None:
     return None
 
 
-_backend = _Once(_load_backend)  # None: no fast backend, Pillow decodes
+_backend = _Once(_load_backend, lambda: os.environ.get(DECODER_VARIABLE))  # None: no fast backend, Pillow decodes
 
 
 def jpeg_backend() -> _Backend | None:
     """The JPEG backend in use in this process (None: Pillow)."""
     return _backend.get()
-
-
-def reset_backends() -> None:
-    """Forget the chosen backend and region decoder (tests switch ``NANOPATCH_DECODER``)."""
-    _backend.forget()
-    _region.forget()
 
 
 # --- region (crop-aware) decoding ----------------------------------------------------------
@@ -605,7 +602,8 @@ def _load_region_decoder() -> _RegionDecoder | None:
     return region
 
 
-_region = _Once(_load_region_decoder)  # None: boxes are cut from whole decodes
+# None: boxes are cut from whole decodes
+_region = _Once(_load_region_decoder, lambda: (os.environ.get(DECODER_VARIABLE), os.environ.get(CROP_DECODE_VARIABLE)))
 
 
 def region_decoder() -> _RegionDecoder | None:
