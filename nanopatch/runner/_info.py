@@ -154,107 +154,159 @@ def _yes(flag: object) -> str:
     return "yes" if flag else "no"
 
 
+#: one section of the ``--info`` table: its title and its (key, value) rows
+_Section = tuple[str, list[tuple[str, str]]]
+
+
 def format_table(info: dict[str, Any]) -> str:
-    """The report as aligned two-column sections for a terminal."""
-    c = info["cpu"]
-    t = info["torch"]
-    sections: list[tuple[str, list[tuple[str, str]]]] = []
-    quota = "none" if c["cpu_quota"] is None else f"{c['cpu_quota']:g} CPUs"
-    sections.append(
-        (
-            "CPU",
-            [
-                ("model", f"{c['vendor']} {c['model_name']}".strip() or "unknown"),
-                ("logical CPUs", str(c["logical_cpus"])),
-                ("allowed CPUs", ",".join(map(str, c["allowed_cpus"]))),
-                ("physical cores (allowed)", str(c["physical_cores"])),
-                ("cgroup CPU quota", quota),
-                ("usable cores", str(c["usable_cores"])),
-                ("AVX2 / AVX-512 / AMX", f"{_yes(c['avx2'])} / {_yes(c['avx512'])} / {_yes(c['amx'])}"),
-                ("native bf16", f"{_yes(c['native_bf16'])}: {c['bf16_reason']}"),
-            ],
-        )
+    """The report as aligned two-column sections for a terminal: a header line, one section per
+    part of the report (each built by a ``_*_section`` helper below), then the warnings."""
+    sections: list[_Section] = [
+        _cpu_section(info["cpu"]),
+        ("Packages", [(name, version or "not installed") for name, version in info["packages"].items()]),
+        _pytorch_section(info["torch"], info["ipex"], info["torch_support"]),
+        _image_decoding_section(info["libturbojpeg"], info["opencv"]),
+        _environment_section(info["environment"]),
+    ]
+    tuning = _tuning_section(info)
+    if tuning is not None:
+        sections.append(tuning)
+    sections.append(_options_section(info["options"]))
+    if info["targets"]:
+        sections.append(_targets_section(info["targets"]))
+    header = f"nanopatch {info['nanopatch']}  |  Python {info['python']}  |  {info['platform']}"
+    lines = [header, *_aligned_sections(sections)]
+    lines.extend(f"warning: {warning}" for warning in _warnings(info["warnings"], info["torch_support"]))
+    return "\n".join(lines)
+
+
+def _cpu_section(facts: dict[str, Any]) -> _Section:
+    """The CPU: what it is, which of its CPUs this process may use, and its vector extensions
+    (``facts``: :meth:`nanopatch.foundation.cpu.CpuFacts.as_dict`)."""
+    quota = "none" if facts["cpu_quota"] is None else f"{facts['cpu_quota']:g} CPUs"
+    extensions = f"{_yes(facts['avx2'])} / {_yes(facts['avx512'])} / {_yes(facts['amx'])}"
+    return (
+        "CPU",
+        [
+            ("model", f"{facts['vendor']} {facts['model_name']}".strip() or "unknown"),
+            ("logical CPUs", str(facts["logical_cpus"])),
+            ("allowed CPUs", ",".join(map(str, facts["allowed_cpus"]))),
+            ("physical cores (allowed)", str(facts["physical_cores"])),
+            ("cgroup CPU quota", quota),
+            ("usable cores", str(facts["usable_cores"])),
+            ("AVX2 / AVX-512 / AMX", extensions),
+            ("native bf16", f"{_yes(facts['native_bf16'])}: {facts['bf16_reason']}"),
+        ],
     )
-    packages = [(name, version or "not installed") for name, version in info["packages"].items()]
-    sections.append(("Packages", packages))
-    if t["importable"]:
-        torch_rows = [
-            ("torch threads (intra / inter-op)", f"{t['num_threads']} / {t['num_interop_threads']}"),
-            ("OpenMP runtime", t["openmp"]),
-            ("oneDNN bf16 supported", _yes(t["mkldnn_bf16_supported"])),
-            (
-                "torchvision",
-                "imports fine" if t["torchvision_importable"] else f"BROKEN: {t['torchvision_error']}",
-            ),
+
+
+def _pytorch_section(torch: dict[str, Any], ipex: dict[str, Any], support: dict[str, Any]) -> _Section:
+    """torch as this process imports it (``torch``: :func:`_torch_report`, or why it cannot be
+    imported), whether IPEX would be used, and whether this torch version is a tested one."""
+    if torch["importable"]:
+        torchvision = "imports fine" if torch["torchvision_importable"] else f"BROKEN: {torch['torchvision_error']}"
+        rows = [
+            ("torch threads (intra / inter-op)", f"{torch['num_threads']} / {torch['num_interop_threads']}"),
+            ("OpenMP runtime", torch["openmp"]),
+            ("oneDNN bf16 supported", _yes(torch["mkldnn_bf16_supported"])),
+            ("torchvision", torchvision),
         ]
     else:
-        torch_rows = [("torch", f"cannot import: {t['error']}")]
-    ipex = info["ipex"]
-    torch_rows.append(("IPEX", ("compatible: " if ipex["compatible"] else "not used: ") + ipex["reason"]))
-    support = info["torch_support"]
-    torch_rows.append(("tested torch versions", support["summary"]))
-    torch_rows.append(("this torch", support["message"]))
-    sections.append(("PyTorch", torch_rows))
-    j = info["libturbojpeg"]
-    o = info["opencv"]
-    sections.append(
-        (
-            "Image decoding",
-            [
-                ("libturbojpeg", j["library"] or "not found"),
-                ("PyTurboJPEG", ("usable: " if j["usable"] else "not used: ") + j["reason"]),
-                (
-                    "OpenCV",
-                    f"{o['version']} ({o['num_threads']} threads)"
-                    if o["importable"]
-                    else f"cannot import: {o['error']}",
-                ),
-            ],
-        )
+        rows = [("torch", f"cannot import: {torch['error']}")]
+    rows.append(("IPEX", ("compatible: " if ipex["compatible"] else "not used: ") + ipex["reason"]))
+    rows.append(("tested torch versions", support["summary"]))
+    rows.append(("this torch", support["message"]))
+    return ("PyTorch", rows)
+
+
+def _image_decoding_section(turbojpeg: dict[str, Any], opencv: dict[str, Any]) -> _Section:
+    """The JPEG decoders nanopatch can use: libturbojpeg through PyTurboJPEG
+    (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`)."""
+    if opencv["importable"]:
+        opencv_text = f"{opencv['version']} ({opencv['num_threads']} threads)"
+    else:
+        opencv_text = f"cannot import: {opencv['error']}"
+    return (
+        "Image decoding",
+        [
+            ("libturbojpeg", turbojpeg["library"] or "not found"),
+            ("PyTurboJPEG", ("usable: " if turbojpeg["usable"] else "not used: ") + turbojpeg["reason"]),
+            ("OpenCV", opencv_text),
+        ],
     )
-    sections.append(
-        (
-            "Runtime environment",
-            [(name, value if value is not None else "(unset)") for name, value in info["environment"].items()],
-        )
+
+
+def _environment_section(environment: dict[str, str | None]) -> _Section:
+    """The :data:`THREAD_VARIABLES` as this process found them."""
+    return (
+        "Runtime environment",
+        [(name, value if value is not None else "(unset)") for name, value in environment.items()],
     )
+
+
+def _tuning_section(info: dict[str, Any]) -> _Section | None:
+    """What the runner would set (``info["tuning"]``: :meth:`nanopatch.runtime.tuning.Plan.as_dict`
+    plus ``processes`` and ``processes_measured`` for ``--nproc``), that tuning is off where it is
+    None (``--no-tune``), or None (no section) where the report has no ``tuning`` at all."""
     tuning = info.get("tuning")
-    if tuning:
-        rows = [("threads / OpenMP / allocator", f"{tuning['threads']} / {tuning['openmp']} / {tuning['allocator']}")]
-        for s in tuning["settings"]:
-            shown = s["kept"] if s["kept"] is not None else s["value"]
-            rows.append((s["name"], f"{shown if shown is not None else '(unset)'}  # {s['reason']}"))
-        if tuning.get("needs_reexec"):
-            rows.append(("re-exec", "the interpreter is started again once, so that LD_PRELOAD takes effect"))
-        for rank, cpus in enumerate(tuning.get("processes") or []):
-            rows.append((f"process {rank}", cpus))
-        if tuning.get("processes_measured"):
-            rows.append(("processes (--nproc measure)", tuning["processes_measured"]))
-        sections.append(("Runtime tuning (what python -m nanopatch would set, and why)", rows))
-    elif "tuning" in info:
-        sections.append(("Runtime tuning", [("tuning", "off (--no-tune): the environment is left as it is")]))
-    sections.append(
-        (
-            "Options (argument > NANOPATCH_* > auto)",
-            [(name, f"{o['value']}  [{o['source']}] {o['reason']}") for name, o in info["options"].items()],
-        )
+    if not tuning:
+        if "tuning" in info:
+            return ("Runtime tuning", [("tuning", "off (--no-tune): the environment is left as it is")])
+        return None
+    summary = f"{tuning['threads']} / {tuning['openmp']} / {tuning['allocator']}"
+    rows = [("threads / OpenMP / allocator", summary)]
+    rows.extend(_tuning_setting_row(setting) for setting in tuning["settings"])
+    if tuning.get("needs_reexec"):
+        rows.append(("re-exec", "the interpreter is started again once, so that LD_PRELOAD takes effect"))
+    for rank, cpus in enumerate(tuning.get("processes") or []):
+        rows.append((f"process {rank}", cpus))
+    if tuning.get("processes_measured"):
+        rows.append(("processes (--nproc measure)", tuning["processes_measured"]))
+    return ("Runtime tuning (what python -m nanopatch would set, and why)", rows)
+
+
+def _tuning_setting_row(setting: dict[str, Any]) -> tuple[str, str]:
+    """One variable of the plan (a :class:`nanopatch.runtime.tuning.Setting` as a dict): the
+    user's value it keeps, else the value it sets, and why."""
+    shown = setting["kept"] if setting["kept"] is not None else setting["value"]
+    return (setting["name"], f"{shown if shown is not None else '(unset)'}  # {setting['reason']}")
+
+
+def _options_section(options: dict[str, dict[str, Any]]) -> _Section:
+    """Each option's value, where it came from, and why."""
+    return (
+        "Options (argument > NANOPATCH_* > auto)",
+        [(name, f"{option['value']}  [{option['source']}] {option['reason']}") for name, option in options.items()],
     )
-    if info["targets"]:
-        sections.append(
-            (
-                "Patch targets",
-                [(name, f"{t['state']} ({t['module']}) {t['detail']}".rstrip()) for name, t in info["targets"].items()],
-            )
-        )
+
+
+def _targets_section(targets: dict[str, dict[str, Any]]) -> _Section:
+    """The state of each patch target (only in a process that has patched)."""
+    return (
+        "Patch targets",
+        [
+            (name, f"{target['state']} ({target['module']}) {target['detail']}".rstrip())
+            for name, target in targets.items()
+        ],
+    )
+
+
+def _aligned_sections(sections: list[_Section]) -> list[str]:
+    """The sections' lines: a blank line, the underlined title, then the rows, the keys of all
+    sections padded to one width so that every value starts in the same column."""
     width = max(len(key) for _, rows in sections for key, _ in rows)
-    lines = [f"nanopatch {info['nanopatch']}  |  Python {info['python']}  |  {info['platform']}"]
+    lines = []
     for title, rows in sections:
         lines.append("")
         lines.append(title)
         lines.append("-" * len(title))
         lines.extend(f"  {key:<{width}}  {value}" for key, value in rows)
-    warnings = list(info["warnings"])
+    return lines
+
+
+def _warnings(warnings: list[str], support: dict[str, Any]) -> list[str]:
+    """The report's warnings, and what an untested torch version means where it is one."""
+    shown = list(warnings)
     if support["meaning"]:
-        warnings.append(f"{support['message']}: {support['meaning']}")
-    lines.extend(f"warning: {warning}" for warning in warnings)
-    return "\n".join(lines)
+        shown.append(f"{support['message']}: {support['meaning']}")
+    return shown

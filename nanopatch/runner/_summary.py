@@ -241,49 +241,13 @@ def not_accelerated_parts(
 ) -> list[str]:
     """What the patched run left stock, and why. ``tcmalloc``: whether this machine has the
     library the runner preloads (None: not asked)."""
-    parts = []
     options = report.get("options") or {}
-    models = [m for m in report.get("models", []) if m.get("model")]
-    for model in models:
-        if model.get("stock") is not None:
-            parts.append(f"{model['model']} ran stock ({model['stock']})")
-        measured = model.get("bf16_measured") or ""
-        if measured.startswith("off"):
-            why = measured.split(": ", 1)[1] if ": " in measured else measured
-            parts.append(f"bf16 autocast for {model['model']}: {why.replace(' for this model', '')}, so it kept fp32")
-        choice = model.get("compile_choice") or ""
-        if choice.startswith("eager: "):
-            parts.append(
-                f"torch.compile (compile=auto) for {model['model']}: {choice[len('eager: ') :]}, so it ran eagerly"
-            )
-        elif choice == "waiting":
-            parts.append(
-                f"torch.compile (compile=auto) for {model['model']}: not tried; the run ended before it had spent "
-                "as long in eager steps as compiling was expected to take"
-            )
-        elif choice == "measuring":
-            parts.append(
-                f"torch.compile (compile=auto) for {model['model']}: undecided; the run ended while compiled and "
-                "eager steps were still being compared"
-            )
+    models = [model for model in report.get("models", []) if model.get("model")]
+    parts = [part for model in models for part in _stock_model_parts(model)]
     for entry in report.get("models", []):
         if not entry.get("model"):
             parts.append(f"{', '.join(entry.get('optimizers', [])) or 'an optimizer'}: no model ({entry.get('stock')})")
-    bf16 = options.get("bf16") or {}
-    if bf16 and not bf16.get("value"):
-        if bf16.get("source") == "auto":
-            why = bf16.get("reason", "")
-            if not facts.native_bf16:
-                why = "this CPU has no native bf16 (avx512_bf16 or amx_bf16), where bf16 runs slower than fp32"
-            parts.append(f"bf16 autocast: {why}, so training kept fp32")
-        else:
-            parts.append(f"bf16 autocast: off ({bf16.get('reason', 'as asked')})")
-    ipex = options.get("ipex") or {}
-    if ipex and not ipex.get("value"):
-        parts.append(f"IPEX: {ipex.get('reason', 'off')}")
-    compile_ = options.get("compile") or {}
-    if compile_ and not compile_.get("value") and not any(m.get("compile") or m.get("compile_choice") for m in models):
-        parts.append("torch.compile: off by default (--compare --try-compile measures whether it pays here)")
+    parts.extend(_options_left_off(options, facts, models))
     runtime = report.get("runtime") or {}
     if runtime and "LD_PRELOAD" not in runtime and tcmalloc is False:
         parts.append(
@@ -297,6 +261,68 @@ def not_accelerated_parts(
     if not report:
         parts.append("the patched run wrote no account of what it did (it never imported torch, or it failed early)")
     return parts
+
+
+def _stock_model_parts(model: dict) -> list[str]:
+    """What one model of the account (one with a name) left stock: the whole model, bf16
+    autocast where measuring turned it off, torch.compile where compile=auto did not keep it."""
+    name = model["model"]
+    parts = []
+    if model.get("stock") is not None:
+        parts.append(f"{name} ran stock ({model['stock']})")
+    measured = model.get("bf16_measured") or ""
+    if measured.startswith("off"):
+        why = measured.split(": ", 1)[1] if ": " in measured else measured
+        parts.append(f"bf16 autocast for {name}: {why.replace(' for this model', '')}, so it kept fp32")
+    compile_part = _compile_choice_part(name, model.get("compile_choice") or "")
+    if compile_part is not None:
+        parts.append(compile_part)
+    return parts
+
+
+def _compile_choice_part(name: str, choice: str) -> str | None:
+    """Why compile=auto's choice for the model ``name`` left it eager (``choice``: ``eager:
+    <why>``, ``waiting`` or ``measuring``), or None where it did not."""
+    if choice.startswith("eager: "):
+        return f"torch.compile (compile=auto) for {name}: {choice[len('eager: ') :]}, so it ran eagerly"
+    if choice == "waiting":
+        return (
+            f"torch.compile (compile=auto) for {name}: not tried; the run ended before it had spent "
+            "as long in eager steps as compiling was expected to take"
+        )
+    if choice == "measuring":
+        return (
+            f"torch.compile (compile=auto) for {name}: undecided; the run ended while compiled and "
+            "eager steps were still being compared"
+        )
+    return None
+
+
+def _options_left_off(options: dict, facts: Any, models: list[dict]) -> list[str]:
+    """The options the run had off, and why: bf16 autocast (on this CPU, or as asked), IPEX, and
+    torch.compile where no model (of ``models``, those with a name) tried it."""
+    parts = []
+    bf16 = options.get("bf16") or {}
+    if bf16 and not bf16.get("value"):
+        if bf16.get("source") == "auto":
+            why = bf16.get("reason", "")
+            if not facts.native_bf16:
+                why = "this CPU has no native bf16 (avx512_bf16 or amx_bf16), where bf16 runs slower than fp32"
+            parts.append(f"bf16 autocast: {why}, so training kept fp32")
+        else:
+            parts.append(f"bf16 autocast: off ({bf16.get('reason', 'as asked')})")
+    ipex = options.get("ipex") or {}
+    if ipex and not ipex.get("value"):
+        parts.append(f"IPEX: {ipex.get('reason', 'off')}")
+    compile_ = options.get("compile") or {}
+    if compile_ and not compile_.get("value") and not _any_compile_tried(models):
+        parts.append("torch.compile: off by default (--compare --try-compile measures whether it pays here)")
+    return parts
+
+
+def _any_compile_tried(models: list[dict]) -> bool:
+    """Whether any of ``models`` was compiled, or compile=auto made a choice for it."""
+    return any(model.get("compile") or model.get("compile_choice") for model in models)
 
 
 def runner_command() -> str:

@@ -222,6 +222,10 @@ def find_allocator(name: str, dirs: Sequence[str] | None = None, cache: Mapping[
 # --- the plan -------------------------------------------------------------------------
 
 
+#: :func:`_choose` with the environment and nanopatch's own names given: (name, value, reason) to a Setting
+_Chooser = Callable[[str, str | None, str], Setting]
+
+
 def plan(
     facts: cpu.CpuFacts,
     environ: Mapping[str, str],
@@ -240,64 +244,85 @@ def plan(
     are not the user's and may be set again; ``pin`` pins OpenMP's threads, one per core."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
-    settings: list[Setting] = []
-    ours = set(ours)
-
-    def choose(name: str, value: str | None, reason: str) -> None:
-        user = environ.get(name)
-        if user is not None and user != "" and name not in ours:
-            settings.append(Setting(name, value, "set by you: kept", kept=user))
-        else:
-            settings.append(Setting(name, value, reason))
-
+    choose: _Chooser = functools.partial(_choose, environ, set(ours))
     cores = cores_of(facts, cpus)
-    threads = max(1, len(cores))
-    why = f"{threads} physical core(s) in this process's CPU set"
+    threads, quota_limited, why = _thread_count(facts, len(cores), share)
+    settings = [choose("OMP_NUM_THREADS", str(threads), why)]
+    pinned, reason = _pinning(cores[:threads], quota_limited, pin)
+    settings.extend(_affinity_settings(choose, openmp, pinned, reason))
+    path, allocator_settings = _allocator_settings(choose, environ, allocator, finder)
+    settings.extend(allocator_settings)
+    return Plan(tuple(settings), threads, pinned, openmp, path)
+
+
+def _choose(environ: Mapping[str, str], ours: set[str], name: str, value: str | None, reason: str) -> Setting:
+    """``name`` set to ``value`` because of ``reason``, or the user's own value kept where
+    ``environ`` has a non-empty one that nanopatch did not set (``name`` not in ``ours``)."""
+    user = environ.get(name)
+    if user is not None and user != "" and name not in ours:
+        return Setting(name, value, "set by you: kept", kept=user)
+    return Setting(name, value, reason)
+
+
+def _thread_count(facts: cpu.CpuFacts, core_count: int, share: int) -> tuple[int, bool, str]:
+    """OpenMP's thread count for a process with ``core_count`` physical cores, whether a cgroup
+    CPU quota (split ``share`` ways) cut it below the cores, and why that count."""
+    threads = max(1, core_count)
     quota = facts.cpu_quota
     allowed = cpu.usable_cores(threads, None if quota is None else quota / max(1, share))
-    quota_limited = quota is not None and allowed < threads
-    if quota_limited:
-        threads = allowed
+    if quota is not None and allowed < threads:
         of = f" split {share} ways" if share > 1 else ""
-        why = f"a cgroup CPU quota of {quota:g} CPUs{of} allows {threads} core(s)"
-    choose("OMP_NUM_THREADS", str(threads), why)
+        return allowed, True, f"a cgroup CPU quota of {quota:g} CPUs{of} allows {allowed} core(s)"
+    return threads, False, f"{threads} physical core(s) in this process's CPU set"
 
-    pinned: tuple[int, ...] = ()
+
+def _pinning(cores: Sequence[Sequence[int]], quota_limited: bool, pin: bool) -> tuple[tuple[int, ...], str]:
+    """The CPUs to pin OpenMP's threads to, the first of each of ``cores`` (one core per thread),
+    or () where they stay unpinned (under a CPU quota, or ``pin`` False); and why."""
     if quota_limited:
-        reason = "not pinned: under a CPU quota the scheduler, not a core set, limits this process"
-    elif not pin:
-        reason = "not pinned (--no-pin-threads): threads go where the scheduler puts them, as in stock torch"
-    else:
-        pinned = tuple(core[0] for core in cores[:threads])
-        reason = "one OpenMP thread per physical core, the main thread included; hyperthread siblings left free"
-    if openmp == "intel":
-        choose("KMP_AFFINITY", KMP_AFFINITY if pinned else None, reason)
-        choose("KMP_BLOCKTIME", "1", "Intel OpenMP: threads sleep 1 ms after a parallel region, not 200")
-    elif openmp == "gnu":
-        choose("GOMP_CPU_AFFINITY", _cpu_list(pinned) if pinned else None, reason)
-    else:
-        settings.append(Setting("OMP_PROC_BIND", None, f"OpenMP runtime {openmp}: affinity left alone"))
+        return (), "not pinned: under a CPU quota the scheduler, not a core set, limits this process"
+    if not pin:
+        return (), "not pinned (--no-pin-threads): threads go where the scheduler puts them, as in stock torch"
+    pinned = tuple(core[0] for core in cores)
+    return pinned, "one OpenMP thread per physical core, the main thread included; hyperthread siblings left free"
 
-    path = None
-    if allocator != "default":
-        # auto: tcmalloc only; jemalloc trains slower than glibc in bench/README's measurements,
-        # so it is used only when asked for.
-        candidates = ("tcmalloc",) if allocator == "auto" else (allocator,)
-        found = [(name, finder(name)) for name in candidates]
-        name, path = next(((n, p) for n, p in found if p), (None, None))
-        preload = environ.get("LD_PRELOAD", "")
-        if path is None:
-            settings.append(
-                Setting("LD_PRELOAD", None, f"no {' or '.join(candidates)} library found: default allocator")
-            )
-        elif path in preload.split(os.pathsep) + preload.split():
-            settings.append(Setting("LD_PRELOAD", None, f"{name} is preloaded already", kept=preload))
-        else:
-            joined = f"{preload}{os.pathsep if preload else ''}{path}"
-            settings.append(Setting("LD_PRELOAD", joined, f"{name} appended to LD_PRELOAD"))
-            if name == "jemalloc":
-                choose("MALLOC_CONF", JEMALLOC_CONF, "jemalloc settings IPEX's launcher uses")
-    return Plan(tuple(settings), threads, pinned, openmp, path)
+
+def _affinity_settings(choose: _Chooser, openmp: str, pinned: tuple[int, ...], reason: str) -> list[Setting]:
+    """The ``openmp`` runtime's own affinity variable, pinning to ``pinned`` (unset when it is
+    empty), and Intel OpenMP's short block time; a runtime nanopatch does not know is left alone."""
+    if openmp == "intel":
+        return [
+            choose("KMP_AFFINITY", KMP_AFFINITY if pinned else None, reason),
+            choose("KMP_BLOCKTIME", "1", "Intel OpenMP: threads sleep 1 ms after a parallel region, not 200"),
+        ]
+    if openmp == "gnu":
+        return [choose("GOMP_CPU_AFFINITY", _cpu_list(pinned) if pinned else None, reason)]
+    return [Setting("OMP_PROC_BIND", None, f"OpenMP runtime {openmp}: affinity left alone")]
+
+
+def _allocator_settings(
+    choose: _Chooser, environ: Mapping[str, str], allocator: str, finder: Callable[[str], str | None]
+) -> tuple[str | None, list[Setting]]:
+    """The allocator's library to preload (``finder`` looks it up by name), None where there is
+    none, and the settings for it: ``LD_PRELOAD`` with the library appended (unless preloaded
+    already), and jemalloc's ``MALLOC_CONF``. Nothing for ``allocator="default"``."""
+    if allocator == "default":
+        return None, []
+    # auto: tcmalloc only; jemalloc trains slower than glibc in bench/README's measurements,
+    # so it is used only when asked for.
+    candidates = ("tcmalloc",) if allocator == "auto" else (allocator,)
+    found = [(candidate, finder(candidate)) for candidate in candidates]
+    name, path = next(((candidate, library) for candidate, library in found if library), (None, None))
+    preload = environ.get("LD_PRELOAD", "")
+    if path is None:
+        return None, [Setting("LD_PRELOAD", None, f"no {' or '.join(candidates)} library found: default allocator")]
+    if path in preload.split(os.pathsep) + preload.split():
+        return path, [Setting("LD_PRELOAD", None, f"{name} is preloaded already", kept=preload)]
+    joined = f"{preload}{os.pathsep if preload else ''}{path}"
+    settings = [Setting("LD_PRELOAD", joined, f"{name} appended to LD_PRELOAD")]
+    if name == "jemalloc":
+        settings.append(choose("MALLOC_CONF", JEMALLOC_CONF, "jemalloc settings IPEX's launcher uses"))
+    return path, settings
 
 
 def cores_of(facts: cpu.CpuFacts, cpus: Sequence[int] | None) -> tuple[tuple[int, ...], ...]:

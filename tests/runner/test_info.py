@@ -489,6 +489,9 @@ def test_format_table_shows_the_runtime_plan_and_each_process():
     assert rows["process 1"] == "CPUs 1: OMP_NUM_THREADS=1"
     off = parse_table(_info.format_table(make_info(tuning=None)))[1]
     assert off["Runtime tuning"] == {"tuning": "off (--no-tune): the environment is left as it is"}
+    tuning.update(needs_reexec=False, processes_measured="2 (measured: 1.8x the speed of 1)")
+    rows = section(parse_table(_info.format_table(make_info(tuning=tuning)))[1], "Runtime tuning")
+    assert "re-exec" not in rows and rows["processes (--nproc measure)"] == "2 (measured: 1.8x the speed of 1)"
 
 
 # --- the tested torch versions (nanopatch/engine/versions.py) ------------------------------------------

@@ -69,6 +69,14 @@ def test_openmp_threads_are_left_to_the_scheduler_when_asked(tmp_path, openmp):
     assert ("KMP_BLOCKTIME" in p.changes()) == (openmp == "intel")
 
 
+def test_an_openmp_runtime_without_affinity_variables_is_left_alone(tmp_path):
+    """LLVM's OpenMP (or one not recognised): no affinity variable is set, pinned or not."""
+    for pin in (True, False):
+        p = runtime.plan(facts(tmp_path), {}, "llvm", finder=no_allocator, pin=pin)
+        assert p.changes() == {"OMP_NUM_THREADS": "2"}
+        assert setting(p, "OMP_PROC_BIND").reason == "OpenMP runtime llvm: affinity left alone"
+
+
 def test_56_cores_on_2_sockets_with_hyperthreads(tmp_path):
     info = big_xeon_cpuinfo(tmp_path / "spr112.cpuinfo")
     f = facts(tmp_path, cpuinfo=info, allowed=range(112))
