@@ -290,6 +290,9 @@ class LrWarmup:
 
 
 # --- the Trainer --------------------------------------------------------------------------------
+#
+# Lightning can only be imported lazily, and a script may use either package, so each class below
+# holds its methods only: _build mixes it with the package's Lightning base class, once per package.
 
 _classes: dict[str, type] = {}
 
@@ -303,159 +306,220 @@ def trainer_class(package: str | None = None) -> type:
 
 
 def _build(package: str) -> type:
+    """The Trainer of ``package`` (a subclass of its ``Trainer``), with its strategy and callbacks:
+    the mixins below over their Lightning base classes."""
     pl = importlib.import_module(package)
     strategies = importlib.import_module(f"{package}.strategies")
-
-    class PinnedDDPStrategy(strategies.DDPStrategy):
-        """Lightning's DDP over gloo, each process pinned to its CPU set before it trains."""
-
-        def __init__(self, groups: Sequence[Sequence[int]], ipex_bf16: bool | None = None, **kwargs: Any) -> None:
-            super().__init__(process_group_backend="gloo", **kwargs)
-            self._groups = [tuple(g) for g in groups]
-            self._pinning: _Pinning | None = None
-            self._ipex_bf16 = ipex_bf16  # None: no IPEX; else IPEX before DDP wraps the module, in bf16 or not
-            self._optimizers_built = False
-            self.before_fit: tuple[set[int], int] | None = None  # set by the Trainer as a run starts
-
-        def setup_environment(self) -> None:
-            if self._start_method == "fork":
-                processes.end_with_parent()
-            self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
-            self._pinning.apply()
-            super().setup_environment()
-            _destroy_group_at_exit()
-
-        def _setup_model(self, model: Any) -> Any:
-            """IPEX replaces the module's weights, so it goes before DDP registers its hooks on
-            them; its optimizers must exist for that, so Lightning builds them here, once."""
-            if self._ipex_bf16 is not None and isinstance(model, pl.LightningModule):
-                super().setup_optimizers(model.trainer)
-                self._optimizers_built = True
-                optimizers = [getattr(o, "_optimizer", o) for o in self.optimizers]
-                if ipex_before_training(model, optimizers, self._ipex_bf16, "Trainer"):
-                    model.trainer.ipex_applied = True
-            return super()._setup_model(model)
-
-        def setup_optimizers(self, trainer: Any) -> None:
-            if self._optimizers_built:  # built before DDP wrapped the module (IPEX)
-                self._optimizers_built = False
-                return
-            super().setup_optimizers(trainer)
-
-        def teardown(self) -> None:
-            trainer = getattr(self.lightning_module, "_trainer", None)
-            if self._start_method == "fork" and isinstance(trainer, Trainer) and trainer.state.fn == "fit":
-                if trainer._engine is not None and trainer._engine["ipex"]:
-                    warn_if_ipex_unused("Trainer", trainer.ipex_applied)  # in the forked rank that trained
-            super().teardown()
-            if self._pinning is not None:
-                self._pinning.release()  # the script's own process gets its CPUs back
-
-    class WarmupCallback(pl.Callback):
-        def __init__(self, n: int) -> None:
-            self.warmup = LrWarmup(n)
-
-        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            batches = trainer.num_training_batches
-            accumulate = max(1, getattr(trainer, "accumulate_grad_batches", 1))
-            steps = -(-int(batches) // accumulate) if batches not in (None, float("inf")) else 1
-            self.warmup.attach([getattr(o, "_optimizer", o) for o in trainer.optimizers], steps)
-
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            self.warmup.detach()
-
-        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            self.warmup.detach()
-
-    class IpexAhead(pl.Callback):
-        """``use_ipex`` in one process: IPEX on the LightningModule and its optimizers once they
-        exist, before Lightning runs the first forward inside ``optimizer.step(closure)``."""
-
-        def __init__(self, bf16: bool) -> None:
-            self.bf16 = bf16
-
-        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            optimizers = [getattr(o, "_optimizer", o) for o in trainer.optimizers]
-            if ipex_before_training(pl_module, optimizers, self.bf16, "Trainer"):
-                trainer.ipex_applied = True
-
-    class Trainer(pl.Trainer):
-        def __init__(
-            self,
-            *args: Any,
-            num_processes: int = 1,
-            cpu_for_each_process: Sequence[Sequence[int]] | None = None,
-            use_ipex: bool = False,
-            channels_last: bool = False,
-            auto_lr: bool = True,
-            **kwargs: Any,
-        ) -> None:
-            groups = check_switches(num_processes, cpu_for_each_process, use_ipex, channels_last, auto_lr)
-            precision, engine_bf16 = lightning_precision(kwargs.pop("precision", "32-true"), use_ipex)
-            kwargs["precision"] = precision
-            if groups is not None:
-                for name in ("strategy", "devices", "num_nodes"):
-                    if name in kwargs:
-                        raise ValueError(f"num_processes={num_processes} chooses {name}; leave {name} out")
-                accelerator = kwargs.setdefault("accelerator", "cpu")
-                if accelerator != "cpu":
-                    raise ValueError(
-                        f"num_processes={num_processes} trains on the CPU, not accelerator={accelerator!r}"
-                    )
-                ipex_ok = use_ipex and _ipex_usable()
-                # forked (Lightning's ddp_fork), so the script's top-level code runs once; where
-                # fork is unsafe, Lightning's default: the script is run again for each other rank
-                start = {} if processes.why_not_fork() else {"start_method": "fork"}
-                kwargs["strategy"] = PinnedDDPStrategy(groups, ipex_bf16=engine_bf16 if ipex_ok else None, **start)
-                kwargs["devices"] = num_processes
-                if auto_lr:
-                    kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), WarmupCallback(num_processes)]
-            self.nano = {
-                "num_processes": num_processes,
-                "cpu_for_each_process": groups,
-                "use_ipex": use_ipex,
-                "channels_last": channels_last,
-                "auto_lr": auto_lr,
-            }
-            self._engine = engine_options(engine_bf16, channels_last, use_ipex)
-            self.ipex_applied = False  # whether IPEX optimized the module before training
-            if use_ipex and groups is None and _ipex_usable():
-                kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), IpexAhead(engine_bf16)]
-            super().__init__(*args, **kwargs)
-
-        @contextlib.contextmanager
-        def _accelerated(self) -> Iterator[None]:
-            if isinstance(self.strategy, PinnedDDPStrategy):
-                import torch
-
-                # what the script's process goes back to (Lightning's launcher sets threads before we pin)
-                self.strategy.before_fit = (os.sched_getaffinity(0), torch.get_num_threads())
-            forked = isinstance(self.strategy, PinnedDDPStrategy) and self.strategy._start_method == "fork"
-            with contextlib.ExitStack() as stack:
-                if forked:
-                    stack.enter_context(processes.launching())
-                if self._engine is None:
-                    yield
-                    return
-                stack.enter_context(engine.patched(**self._engine))
-                yield
-                if self._engine["ipex"] and self.state.fn == "fit" and not forked:  # forked: each rank says it
-                    warn_if_ipex_unused("Trainer", self.ipex_applied)
-
-        @staticmethod
-        def compile(model: Any, loss: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:
-            """A ``LightningModule`` that trains ``model`` with ``loss`` and ``optimizer`` (an
-            optimizer, or a function of the parameters that builds one) and an optional
-            ``scheduler`` (a scheduler, a function of the optimizer that builds one, or
-            Lightning's scheduler dict); see :func:`compiled_module`."""
-            return compiled_module(pl, model, loss, optimizer, scheduler)
-
+    strategy = _combine(
+        "PinnedDDPStrategy", _PinnedDDPStrategyMixin, strategies.DDPStrategy, _module_class=pl.LightningModule
+    )
+    trainer = _combine(
+        "Trainer",
+        _TrainerMixin,
+        pl.Trainer,
+        doc=__doc__,
+        _lightning=pl,
+        _strategy_class=strategy,
+        _warmup_class=_combine("WarmupCallback", _WarmupCallbackMixin, pl.Callback),
+        _ipex_ahead_class=_combine("IpexAhead", _IpexAheadMixin, pl.Callback),
+    )
     for name in ("fit", "validate", "test", "predict"):
-        setattr(Trainer, name, _accelerating(getattr(pl.Trainer, name)))
-    Trainer.__doc__ = __doc__
-    Trainer.__module__ = __name__
-    Trainer.__qualname__ = "Trainer"
-    return Trainer
+        setattr(trainer, name, _accelerating(getattr(pl.Trainer, name)))
+    return trainer
+
+
+def _combine(
+    name: str, mixin: type, base: type, doc: str | None = None, qualname: str | None = None, **attributes: Any
+) -> type:
+    """The class ``name`` of this module: ``mixin``'s methods over Lightning's ``base``, with the
+    class ``attributes`` given (the Lightning classes and values its methods use) and ``mixin``'s
+    docstring unless ``doc``."""
+    namespace = {"__module__": __name__, "__qualname__": qualname or name, "__doc__": doc or mixin.__doc__}
+    return type(name, (mixin, base), {**namespace, **attributes})
+
+
+class _PinnedDDPStrategyMixin:
+    """Lightning's DDP over gloo, each process pinned to its CPU set before it trains (the
+    methods of ``PinnedDDPStrategy``, over the package's ``DDPStrategy``)."""
+
+    _module_class: type  # the package's LightningModule
+
+    def __init__(self, groups: Sequence[Sequence[int]], ipex_bf16: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(process_group_backend="gloo", **kwargs)
+        self._groups = [tuple(g) for g in groups]
+        self._pinning: _Pinning | None = None
+        self._ipex_bf16 = ipex_bf16  # None: no IPEX; else IPEX before DDP wraps the module, in bf16 or not
+        self._optimizers_built = False
+        self.before_fit: tuple[set[int], int] | None = None  # set by the Trainer as a run starts
+
+    def setup_environment(self) -> None:
+        if self._start_method == "fork":
+            processes.end_with_parent()
+        self._pinning = _Pinning(self._groups[self.local_rank % len(self._groups)], self.before_fit)
+        self._pinning.apply()
+        super().setup_environment()
+        _destroy_group_at_exit()
+
+    def _setup_model(self, model: Any) -> Any:
+        """IPEX replaces the module's weights, so it goes before DDP registers its hooks on
+        them; its optimizers must exist for that, so Lightning builds them here, once."""
+        if self._ipex_bf16 is not None and isinstance(model, self._module_class):
+            super().setup_optimizers(model.trainer)
+            self._optimizers_built = True
+            if ipex_before_training(model, _plain_optimizers(self.optimizers), self._ipex_bf16, "Trainer"):
+                model.trainer.ipex_applied = True
+        return super()._setup_model(model)
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        if self._optimizers_built:  # built before DDP wrapped the module (IPEX)
+            self._optimizers_built = False
+            return
+        super().setup_optimizers(trainer)
+
+    def teardown(self) -> None:
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        if self._start_method == "fork" and isinstance(trainer, _TrainerMixin) and trainer.state.fn == "fit":
+            if trainer._engine is not None and trainer._engine["ipex"]:
+                warn_if_ipex_unused("Trainer", trainer.ipex_applied)  # in the forked rank that trained
+        super().teardown()
+        if self._pinning is not None:
+            self._pinning.release()  # the script's own process gets its CPUs back
+
+
+class _WarmupCallbackMixin:
+    """``auto_lr`` with N processes: the :class:`LrWarmup` of the optimizers while Lightning
+    trains (the methods of ``WarmupCallback``, over the package's ``Callback``)."""
+
+    def __init__(self, n: int) -> None:
+        self.warmup = LrWarmup(n)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.warmup.attach(_plain_optimizers(trainer.optimizers), _steps_per_epoch(trainer))
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.warmup.detach()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.warmup.detach()
+
+
+class _IpexAheadMixin:
+    """``use_ipex`` in one process: IPEX on the LightningModule and its optimizers once they
+    exist, before Lightning runs the first forward inside ``optimizer.step(closure)`` (the
+    methods of ``IpexAhead``, over the package's ``Callback``)."""
+
+    def __init__(self, bf16: bool) -> None:
+        self.bf16 = bf16
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if ipex_before_training(pl_module, _plain_optimizers(trainer.optimizers), self.bf16, "Trainer"):
+            trainer.ipex_applied = True
+
+
+class _TrainerMixin:
+    """The methods of nanopatch's ``Trainer`` (the module's docstring), over the package's ``Trainer``;
+    :func:`_build` also wraps its ``fit``/``validate``/``test``/``predict`` in :meth:`_accelerated`."""
+
+    _lightning: Any  # the package's module, and its classes that this Trainer uses:
+    _strategy_class: type  # PinnedDDPStrategy
+    _warmup_class: type  # WarmupCallback
+    _ipex_ahead_class: type  # IpexAhead
+
+    def __init__(
+        self,
+        *args: Any,
+        num_processes: int = 1,
+        cpu_for_each_process: Sequence[Sequence[int]] | None = None,
+        use_ipex: bool = False,
+        channels_last: bool = False,
+        auto_lr: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        groups = check_switches(num_processes, cpu_for_each_process, use_ipex, channels_last, auto_lr)
+        precision, engine_bf16 = lightning_precision(kwargs.pop("precision", "32-true"), use_ipex)
+        kwargs["precision"] = precision
+        if groups is not None:
+            _choose_processes(type(self), kwargs, num_processes, groups, use_ipex, engine_bf16, auto_lr)
+        self.nano = {
+            "num_processes": num_processes,
+            "cpu_for_each_process": groups,
+            "use_ipex": use_ipex,
+            "channels_last": channels_last,
+            "auto_lr": auto_lr,
+        }
+        self._engine = engine_options(engine_bf16, channels_last, use_ipex)
+        self.ipex_applied = False  # whether IPEX optimized the module before training
+        if use_ipex and groups is None and _ipex_usable():
+            kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), self._ipex_ahead_class(engine_bf16)]
+        super().__init__(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _accelerated(self) -> Iterator[None]:
+        if isinstance(self.strategy, _PinnedDDPStrategyMixin):
+            import torch
+
+            # what the script's process goes back to (Lightning's launcher sets threads before we pin)
+            self.strategy.before_fit = (os.sched_getaffinity(0), torch.get_num_threads())
+        forked = isinstance(self.strategy, _PinnedDDPStrategyMixin) and self.strategy._start_method == "fork"
+        with contextlib.ExitStack() as stack:
+            if forked:
+                stack.enter_context(processes.launching())
+            if self._engine is None:
+                yield
+                return
+            stack.enter_context(engine.patched(**self._engine))
+            yield
+            if self._engine["ipex"] and self.state.fn == "fit" and not forked:  # forked: each rank says it
+                warn_if_ipex_unused("Trainer", self.ipex_applied)
+
+    @classmethod
+    def compile(cls, model: Any, loss: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:
+        """A ``LightningModule`` that trains ``model`` with ``loss`` and ``optimizer`` (an
+        optimizer, or a function of the parameters that builds one) and an optional
+        ``scheduler`` (a scheduler, a function of the optimizer that builds one, or
+        Lightning's scheduler dict); see :func:`compiled_module`."""
+        return compiled_module(cls._lightning, model, loss, optimizer, scheduler)
+
+
+def _choose_processes(
+    trainer_class: Any,
+    kwargs: dict[str, Any],
+    num_processes: int,
+    groups: Sequence[Sequence[int]],
+    use_ipex: bool,
+    engine_bf16: bool,
+    auto_lr: bool,
+) -> None:
+    """``num_processes`` > 1: into the Trainer's ``kwargs`` (which must not choose a layout of
+    their own), Lightning's DDP on the CPU over that many processes, pinned to ``groups``, with
+    IPEX (in bf16 or not) before DDP wraps the module when it is usable, and with ``auto_lr`` the
+    learning-rate warm-up."""
+    for name in ("strategy", "devices", "num_nodes"):
+        if name in kwargs:
+            raise ValueError(f"num_processes={num_processes} chooses {name}; leave {name} out")
+    accelerator = kwargs.setdefault("accelerator", "cpu")
+    if accelerator != "cpu":
+        raise ValueError(f"num_processes={num_processes} trains on the CPU, not accelerator={accelerator!r}")
+    ipex_ok = use_ipex and _ipex_usable()
+    # forked (Lightning's ddp_fork), so the script's top-level code runs once; where
+    # fork is unsafe, Lightning's default: the script is run again for each other rank
+    start = {} if processes.why_not_fork() else {"start_method": "fork"}
+    kwargs["strategy"] = trainer_class._strategy_class(groups, ipex_bf16=engine_bf16 if ipex_ok else None, **start)
+    kwargs["devices"] = num_processes
+    if auto_lr:
+        kwargs["callbacks"] = [*_as_list(kwargs.get("callbacks")), trainer_class._warmup_class(num_processes)]
+
+
+def _plain_optimizers(optimizers: Sequence[Any]) -> list[Any]:
+    """Lightning's optimizers, each out of its ``LightningOptimizer`` wrapper."""
+    return [getattr(o, "_optimizer", o) for o in optimizers]
+
+
+def _steps_per_epoch(trainer: Any) -> int:
+    """The optimizer steps of one training epoch (1 when Lightning does not know its batches)."""
+    batches = trainer.num_training_batches
+    accumulate = max(1, getattr(trainer, "accumulate_grad_batches", 1))
+    return -(-int(batches) // accumulate) if batches not in (None, float("inf")) else 1
 
 
 # --- Trainer.compile ------------------------------------------------------------------------------
@@ -477,12 +541,22 @@ def compiled_module(pl: Any, model: Any, loss: Any, optimizer: Any, scheduler: A
     ``test_loss``; ``predict`` returns ``model(*x)`` (a batch that is a tensor alone is ``x``).
     Its ``state_dict`` (and so every checkpoint's) is the plain module's, with its own keys. A
     ``LightningModule`` is returned as it is, when nothing else is given."""
-    import torch
-
     if isinstance(model, pl.LightningModule):
         if loss is not None or optimizer is not None or scheduler is not None:
             raise ValueError("Trainer.compile: a LightningModule brings its own loss, optimizer and scheduler")
         return model
+    _check_compile_arguments(model, loss, optimizer, scheduler)
+    qualname = f"Compiled{type(model).__name__}"
+    given = (model, loss, optimizer, scheduler)
+    return _combine("CompiledModule", _CompiledModuleMixin, pl.LightningModule, qualname=qualname, _given=given)()
+
+
+def _check_compile_arguments(model: Any, loss: Any, optimizer: Any, scheduler: Any) -> None:
+    """``ValueError`` for what ``Trainer.compile`` cannot train: ``model`` not a plain module, a
+    ``loss`` not callable, an ``optimizer`` neither an optimizer nor a function, or a ``scheduler``
+    without an optimizer."""
+    import torch
+
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"Trainer.compile: model must be a torch.nn.Module, not {type(model).__name__}")
     if loss is not None and not callable(loss):
@@ -494,61 +568,76 @@ def compiled_module(pl: Any, model: Any, loss: Any, optimizer: Any, scheduler: A
     if scheduler is not None and optimizer is None:
         raise ValueError("Trainer.compile: a scheduler needs an optimizer")
 
-    class CompiledModule(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-            self._loss = loss
 
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return self.model(*args, **kwargs)
+class _CompiledModuleMixin:
+    """The ``LightningModule`` of ``Trainer.compile`` (see :func:`compiled_module`): the methods of
+    one ``CompiledModule`` class per call, over the package's ``LightningModule``, whose ``_given``
+    is the call's ``(model, loss, optimizer, scheduler)``."""
 
-        def _loss_of(self, batch: Any, name: str) -> Any:
-            if self._loss is None:
-                raise ValueError(f"Trainer.compile got no loss: give loss=... to {name}")
-            inputs, target = split_batch(batch)
-            return self._loss(self.model(*inputs), target)
+    _given: tuple[Any, Any, Any, Any]
 
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            value = self._loss_of(batch, "train")
-            self.log("train_loss", value, prog_bar=True)
-            return value
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = self._given[0]
+        self._loss = self._given[1]
 
-        def validation_step(self, batch: Any, batch_idx: int) -> Any:
-            value = self._loss_of(batch, "validate")
-            self.log("val_loss", value, prog_bar=True, sync_dist=True)
-            return value
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
 
-        def test_step(self, batch: Any, batch_idx: int) -> Any:
-            value = self._loss_of(batch, "test")
-            self.log("test_loss", value, sync_dist=True)
-            return value
+    def _loss_of(self, batch: Any, name: str) -> Any:
+        if self._loss is None:
+            raise ValueError(f"Trainer.compile got no loss: give loss=... to {name}")
+        inputs, target = split_batch(batch)
+        return self._loss(self.model(*inputs), target)
 
-        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-            if isinstance(batch, torch.Tensor):
-                return self.model(batch)
-            inputs, _ = split_batch(batch) if len(batch) > 1 else ((batch[0],), None)
-            return self.model(*inputs)
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        value = self._loss_of(batch, "train")
+        self.log("train_loss", value, prog_bar=True)
+        return value
 
-        def configure_optimizers(self) -> Any:
-            if optimizer is None:
-                raise ValueError("Trainer.compile got no optimizer: give optimizer=... to train")
-            opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(self.model.parameters())
-            if scheduler is None:
-                return opt
-            if isinstance(scheduler, dict):
-                return {"optimizer": opt, "lr_scheduler": scheduler}
-            sched = scheduler if hasattr(scheduler, "step") and hasattr(scheduler, "optimizer") else scheduler(opt)
-            return {"optimizer": opt, "lr_scheduler": sched}
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        value = self._loss_of(batch, "validate")
+        self.log("val_loss", value, prog_bar=True, sync_dist=True)
+        return value
 
-        def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-            return self.model.state_dict(*args, **kwargs)
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        value = self._loss_of(batch, "test")
+        self.log("test_loss", value, sync_dist=True)
+        return value
 
-        def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-            return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        import torch
 
-    CompiledModule.__qualname__ = f"Compiled{type(model).__name__}"
-    return CompiledModule()
+        if isinstance(batch, torch.Tensor):
+            return self.model(batch)
+        inputs, _ = split_batch(batch) if len(batch) > 1 else ((batch[0],), None)
+        return self.model(*inputs)
+
+    def configure_optimizers(self) -> Any:
+        return _configured_optimizers(self.model, self._given[2], self._given[3])
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def _configured_optimizers(model: Any, optimizer: Any, scheduler: Any) -> Any:
+    """``configure_optimizers`` of a compiled ``model``: the optimizer (built from the model's
+    parameters when a function), alone or with its scheduler (built from the optimizer when a
+    function) in Lightning's dict."""
+    import torch
+
+    if optimizer is None:
+        raise ValueError("Trainer.compile got no optimizer: give optimizer=... to train")
+    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(model.parameters())
+    if scheduler is None:
+        return opt
+    if isinstance(scheduler, dict):
+        return {"optimizer": opt, "lr_scheduler": scheduler}
+    sched = scheduler if hasattr(scheduler, "step") and hasattr(scheduler, "optimizer") else scheduler(opt)
+    return {"optimizer": opt, "lr_scheduler": sched}
 
 
 def _accelerating(run: Any) -> Any:
