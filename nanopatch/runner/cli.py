@@ -381,7 +381,7 @@ def _report() -> None:
     """At the script's end, at ``-v``: one line of what training ran with, where the time went
     and the advice; and the whole account as JSON to ``NANOPATCH_REPORT`` when that is set
     (``--compare`` reads it), by rank 0 only in a ``--nproc`` run."""
-    from .compare import write_report
+    from .runs import write_report
 
     training = sys.modules.get("nanopatch.targets.training.patch")
     timing = sys.modules.get("nanopatch.targets.breakdown.patch")

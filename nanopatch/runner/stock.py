@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-#: what the stock run may switch on, by its flag (``nanopatch.runner.compare.stock_prefix`` writes them)
+#: what the stock run may switch on, by its flag (``nanopatch.runner.runs.stock_prefix`` writes them)
 FLAGS = {"--cuda-to-cpu": "cuda_to_cpu", "--breakdown": "breakdown"}
 #: the options of the stock run beside those: nothing that accelerates
 STOCK_OPTIONS = {"vision": False, "training": False, "data_parallel": False}
@@ -35,7 +35,7 @@ def main(argv: Sequence[str]) -> int:
     from nanopatch import patch_torch
 
     from ._scripts import NoModule, run_module, run_script
-    from .compare import write_report
+    from .runs import write_report
 
     patch_torch(**options)
     try:

@@ -33,7 +33,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import REPORT_VARIABLE, Run, accelerated, execute, package_path, stock_environ, stock_prefix
+from .output import Run
+from .report import accelerated
+from .runs import REPORT_VARIABLE, execute, package_path, stock_environ, stock_prefix
 
 DEFAULT_STEPS = 20
 SEED = 0
@@ -73,7 +75,7 @@ def runner_options(words: Sequence[str]) -> list[str]:
 
 def _environments(folder: str) -> tuple[dict[str, str], dict[str, str]]:
     """(stock, patched) environments, with files in ``folder``. Both can import this nanopatch
-    (the recorder; :func:`nanopatch.runner.compare.package_path`); only the patched one keeps
+    (the recorder; :func:`nanopatch.runner.runs.package_path`); only the patched one keeps
     the ``NANOPATCH_*`` settings of the environment, as the runner would."""
     report = os.path.join(folder, "report.json")
     stock = stock_environ()

@@ -369,25 +369,26 @@ def test_plot_goes_with_compare_and_says_when_matplotlib_is_missing(tmp_path):
     proc = run_python(["-m", "nanopatch", "--plot", "x.png", "train.py"], cwd=tmp_path)
     assert proc.returncode == 2 and "--plot goes with --compare" in proc.stderr
     from nanopatch.runner import cli as runner
-    from nanopatch.runner import compare
+    from nanopatch.runner import output
+    from nanopatch.runner import report as reports
 
     assert runner._without_compare(["--compare", "--plot", "a.png", "--no-bf16", "--plot=b.png"]) == ["--no-bf16"]
-    runs = [compare.Run(name, [], report={"breakdown": report()}) for name in ("stock", "nanopatch")]
+    runs = [output.Run(name, [], report={"breakdown": report()}) for name in ("stock", "nanopatch")]
     blocked = "import sys; sys.modules['matplotlib'] = None\n"  # as if it were not installed
     code = blocked + (
-        "from nanopatch.runner import compare\n"
+        "from nanopatch.runner import output, report as reports\n"
         "import json, sys\n"
-        "runs = [compare.Run(n, [], report={'breakdown': json.loads(sys.argv[1])}) for n in ('stock', 'nanopatch')]\n"
-        "print(compare.draw(sys.argv[2], *runs))\n"
+        "runs = [output.Run(n, [], report={'breakdown': json.loads(sys.argv[1])}) for n in ('stock', 'nanopatch')]\n"
+        "print(reports.draw(sys.argv[2], *runs))\n"
     )
     import json
 
     missing = run_python(["-c", code, json.dumps(report()), str(tmp_path / "x.png")])
     assert "--plot: matplotlib is not installed (pip install matplotlib)" in missing.stdout, missing.stderr
     assert not (tmp_path / "x.png").exists()
-    assert "waiting for data" in compare.breakdown_text(*runs)
+    assert "waiting for data" in reports.breakdown_text(*runs)
     runs[1].report = {"breakdown": report(steps=0)}  # the script's own ipex.optimize replaced the step
-    assert "No optimizer step was seen in nanopatch: all its time counts as start-up" in compare.breakdown_text(*runs)
+    assert "No optimizer step was seen in nanopatch: all its time counts as start-up" in reports.breakdown_text(*runs)
 
 
 def test_the_compile_trial_says_by_how_much_and_advises_only_a_gain():

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import nanopatch
-from nanopatch.runner import compare
+from nanopatch.runner import runs
 from nanopatch.runner._bootstrap import BOOTSTRAP_DIR, PREFIX_VARIABLE
 
 from conftest import child_env
@@ -122,7 +122,7 @@ def test_a_foreign_python_still_runs_its_own_sitecustomize(tmp_path):
 
 
 def test_the_runs_find_this_nanopatch_through_a_folder_that_holds_it_alone(tmp_path):
-    entry = Path(compare.package_path(str(tmp_path)))
+    entry = Path(runs.package_path(str(tmp_path)))
     assert [p.name for p in entry.iterdir()] == ["nanopatch"]
     assert (entry / "nanopatch").resolve() == PACKAGE
     assert entry != PACKAGE.parent

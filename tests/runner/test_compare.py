@@ -8,7 +8,7 @@ import re
 import pytest
 
 from nanopatch.foundation import cpu
-from nanopatch.runner import compare
+from nanopatch.runner import output, report, runs
 
 from conftest import child_env, run_python
 from helpers.compare_output import table_rows
@@ -117,7 +117,7 @@ def test_a_missing_script_is_a_usage_error(tmp_path):
     ],
 )
 def test_metrics_are_read_by_their_labels(line, key, value):
-    run = compare.Run("x", [], output=[line])
+    run = output.Run("x", [], output=[line])
     found = run.metric(key)
     assert (found[1] if found else None) == value
 
@@ -135,30 +135,30 @@ def test_metrics_are_read_by_their_labels(line, key, value):
     ],
 )
 def test_an_evaluations_figures_are_read_apart(line, key, value):
-    run = compare.Run("x", [], output=[line])
+    run = output.Run("x", [], output=[line])
     assert run.metric(key, validation=True)[1] == value
     assert run.metric(key) in (None, (1.2, "1.2000"))  # never the training figure
 
 
 def test_torchvisions_reference_final_loss_is_trainings_not_the_validation_pass():
-    run = compare.Run("x", [], output=TORCHVISION_REFERENCE)
+    run = output.Run("x", [], output=TORCHVISION_REFERENCE)
     assert run.metric("loss") == (6.8122, "6.8122")  # its validation pass prints after training
     assert run.metric("accuracy") == (3.125, "3.1250")  # acc1's
     # the validation pass prints its first batch's loss, never the set's: no validation loss
     assert run.metric("loss", validation=True) is None
     assert run.metric("accuracy", validation=True) == (12.5, "12.500")  # the set's Acc@1
     last = [*TORCHVISION_REFERENCE, "Test:   [7/8]  eta: 0:00:00  loss: 3.1000 (3.2000)  acc1: 10.0 (12.5)"]
-    assert compare.Run("x", [], output=last).metric("loss", validation=True) == (3.1, "3.1000")
+    assert output.Run("x", [], output=last).metric("loss", validation=True) == (3.1, "3.1000")
 
 
 def test_a_meter_printed_at_every_few_steps_gives_the_median_after_the_first():
     """torchvision's reference prints img/s of the latest batch: the last can be a small one."""
     lines = [f"Epoch: [0]  [{i}/7]  lr: 0.1  img/s: {v}  loss: 1.0 (1.0)" for i, v in enumerate((2.25, 8.9, 9.3, 0.70))]
-    assert compare.Run("x", [], output=lines).rate() == (8.9, "8.9 (median of 3)", "labelled")
-    even = compare.Run("x", [], output=[*lines, "[8/9] img/s: 9.1"]).rate()
+    assert output.Run("x", [], output=lines).rate() == (8.9, "8.9 (median of 3)", "labelled")
+    even = output.Run("x", [], output=[*lines, "[8/9] img/s: 9.1"]).rate()
     assert even[0] == pytest.approx(9.0) and even[1] == "9 (median of 4)"
     long = [f"img/s: {v}" for v in (21.663590477284966, 32.14056839624901, 32.79512643759047, 16.277970640457177)]
-    assert compare.Run("x", [], output=long).rate()[:2] == (32.14056839624901, "32.14 (median of 3)")
+    assert output.Run("x", [], output=long).rate()[:2] == (32.14056839624901, "32.14 (median of 3)")
 
 
 # what common training code prints, as it prints it
@@ -186,7 +186,7 @@ LIGHTNING = [
 
 
 @pytest.mark.parametrize(
-    ("output", "shown", "kind"),
+    ("printed", "shown", "kind"),
     [
         (TORCHVISION_REFERENCE, "135.2", "labelled"),  # not lr's 0.05, printed just before the label
         (TIMM, "45.71/s", "per second"),
@@ -198,32 +198,32 @@ LIGHTNING = [
     ],
     ids=["torchvision-reference", "timm", "hf-trainer", "lightning-bar", "seconds-per-batch", "unit-after", "none"],
 )
-def test_the_speed_is_read_from_common_meters(output, shown, kind):
-    found = compare.Run("x", [], output=output).rate()
+def test_the_speed_is_read_from_common_meters(printed, shown, kind):
+    found = output.Run("x", [], output=printed).rate()
     assert (found[1:] if found else (None, None)) == (shown, kind)
     if shown == "2.10 s/it":
         assert found[0] == pytest.approx(1 / 2.10)
 
 
 def test_speeds_of_different_kinds_get_no_ratio_and_a_missing_one_says_so():
-    stock = compare.Run("stock", [], exit_code=0, output=["12.0 img/s"])
-    patched = compare.Run("nanopatch", [], exit_code=0, output=["3.5it/s"])
-    rows = table_rows(compare.table(stock, patched))
+    stock = output.Run("stock", [], exit_code=0, output=["12.0 img/s"])
+    patched = output.Run("nanopatch", [], exit_code=0, output=["3.5it/s"])
+    rows = table_rows(report.table(stock, patched))
     assert rows["images/s"] == ["12.0", "3.5 it/s", ""]
-    rows = table_rows(compare.table(stock, compare.Run("nanopatch", [], exit_code=0, output=["24.0 img/s"])))
+    rows = table_rows(report.table(stock, output.Run("nanopatch", [], exit_code=0, output=["24.0 img/s"])))
     assert rows["images/s"] == ["12.0", "24.0", "2.00x"]
-    rows = table_rows(compare.table(stock, compare.Run("nanopatch", [], exit_code=0, output=[])))
+    rows = table_rows(report.table(stock, output.Run("nanopatch", [], exit_code=0, output=[])))
     assert rows["images/s"] == ["12.0", "not found", ""]
 
 
 def test_hugging_face_s_logged_loss_is_read():
-    assert compare.Run("x", [], output=HF).metric("loss") == (2.4912, "2.4912")  # not train_loss's
+    assert output.Run("x", [], output=HF).metric("loss") == (2.4912, "2.4912")  # not train_loss's
 
 
 def test_the_stock_environment_has_nothing_of_nanopatch():
     from nanopatch.runner._bootstrap import BOOTSTRAP_DIR
 
-    env = compare.stock_environ({"NANOPATCH_BF16": "0", "PYTHONPATH": f"{BOOTSTRAP_DIR}:/x", "HOME": "/h"})
+    env = runs.stock_environ({"NANOPATCH_BF16": "0", "PYTHONPATH": f"{BOOTSTRAP_DIR}:/x", "HOME": "/h"})
     assert env == {"PYTHONPATH": "/x", "HOME": "/h", "PYTHONHASHSEED": "0"}
 
 

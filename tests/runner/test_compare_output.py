@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from nanopatch.runner import compare
+from nanopatch.runner import output, runs
 
 #: what a line of 16,000 characters may take to read: linear work is milliseconds; the
 #: quadratic patterns took 18-28 s on such lines
@@ -35,7 +35,7 @@ ADVERSARIAL = {
 }
 
 
-def read_everything(run: compare.Run) -> None:
+def read_everything(run: output.Run) -> None:
     run.rate()
     for key in ("loss", "accuracy"):
         for validation in (False, True):
@@ -45,19 +45,19 @@ def read_everything(run: compare.Run) -> None:
 
 @pytest.mark.parametrize("line", ADVERSARIAL.values(), ids=ADVERSARIAL.keys())
 def test_an_adversarial_line_is_read_in_linear_time_without_an_error(line):
-    run = compare.Run("x", [], output=[line, "epoch 1: loss 0.25, val accuracy 50.00% (4/8), 12.5 images/s"])
+    run = output.Run("x", [], output=[line, "epoch 1: loss 0.25, val accuracy 50.00% (4/8), 12.5 images/s"])
     started = time.perf_counter()
     read_everything(run)
     assert time.perf_counter() - started < BUDGET_S
     # the ordinary line after it is still read
     assert run.metric("loss") == (0.25, "0.25")
-    assert run.readings("accuracy", validation=True)[-1] == compare.Reading(50.0, "50.00%", 8)
+    assert run.readings("accuracy", validation=True)[-1] == output.Reading(50.0, "50.00%", 8)
 
 
 def test_a_huge_count_is_not_taken_for_one():
-    run = compare.Run("x", [], output=["val accuracy 50% (" + "9" * 5000 + "/" + "9" * 5000 + ")"])
-    assert run.readings("accuracy", validation=True) == [compare.Reading(50.0, "50%", None)]
-    run = compare.Run("x", [], output=["Test: [" + "1" * 20 + "/8] loss 0.5"])
+    run = output.Run("x", [], output=["val accuracy 50% (" + "9" * 5000 + "/" + "9" * 5000 + ")"])
+    assert run.readings("accuracy", validation=True) == [output.Reading(50.0, "50%", None)]
+    run = output.Run("x", [], output=["Test: [" + "1" * 20 + "/8] loss 0.5"])
     assert run.metric("loss", validation=True) == (0.5, "0.5")  # no counter: the line counts
 
 
@@ -70,9 +70,9 @@ def test_numbers_are_still_read_where_they_start():
         "train_loss 1.5": 1.5,
     }
     for line, value in cases.items():
-        assert compare.Run("x", [], output=[line]).metric("loss")[0] == value, line
-    assert compare.Run("x", [], output=["412.5 img/s"]).rate()[0] == 412.5
-    assert compare.Run("x", [], output=["Time: 2.08s,  15.38/s"]).rate()[0] == 15.38
+        assert output.Run("x", [], output=[line]).metric("loss")[0] == value, line
+    assert output.Run("x", [], output=["412.5 img/s"]).rate()[0] == 412.5
+    assert output.Run("x", [], output=["Time: 2.08s,  15.38/s"]).rate()[0] == 15.38
 
 
 class Watched(io.StringIO):
@@ -101,8 +101,8 @@ def test_a_progress_bar_without_a_newline_is_echoed_while_it_runs(tmp_path):
         "sys.stdout.write('\\r100%|######| 10/10 [00:02<00:00, 5.00it/s]\\nloss: 0.5\\nend without newline')\n"
     )
     out = Watched("[x]  40%|####")
-    run = compare.Run("x", [sys.executable, "-c", code])
-    worker = threading.Thread(target=compare.execute, args=(run, None, out))
+    run = output.Run("x", [sys.executable, "-c", code])
+    worker = threading.Thread(target=runs.execute, args=(run, None, out))
     worker.start()
     try:
         assert out.seen.wait(30), f"the bar was not echoed while the child waited: {out.getvalue()!r}"
@@ -127,6 +127,6 @@ def test_a_progress_bar_without_a_newline_is_echoed_while_it_runs(tmp_path):
 
 
 def test_crlf_split_across_reads_is_one_line_end():
-    run = compare.Run("x", [sys.executable, "-c", "import sys; sys.stdout.write('a\\r\\nb\\r\\n' * 20000)"])
-    compare.execute(run, None, io.StringIO())
+    run = output.Run("x", [sys.executable, "-c", "import sys; sys.stdout.write('a\\r\\nb\\r\\n' * 20000)"])
+    runs.execute(run, None, io.StringIO())
     assert run.output == ["a", "b"] * 20000

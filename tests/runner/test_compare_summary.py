@@ -12,7 +12,7 @@ import types
 import pytest
 
 from nanopatch.foundation import usage
-from nanopatch.runner import _summary, compare
+from nanopatch.runner import _summary, output
 
 AVX2 = types.SimpleNamespace(
     model_name="AMD EPYC 7B13", usable_cores=2, amx=False, native_bf16=False, avx512=False, avx2=True
@@ -52,8 +52,8 @@ REPORT = {
 }
 
 
-def run(name: str, lines: list[str], report: dict | None = None, used=(), code: int = 0) -> compare.Run:
-    return compare.Run(name, [], exit_code=code, seconds=100.0, output=lines, report=report, used=set(used))
+def run(name: str, lines: list[str], report: dict | None = None, used=(), code: int = 0) -> output.Run:
+    return output.Run(name, [], exit_code=code, seconds=100.0, output=lines, report=report, used=set(used))
 
 
 def epochs(rate: float, val: list[str], loss: list[float]) -> list[str]:
@@ -253,7 +253,7 @@ def test_the_count_an_accuracy_is_of_is_read():
     found = run("x", ["epoch 3: val accuracy 80.00% (64/80), 7 images/s", "Accuracy: 9912/10000 (99%)"]).readings(
         "accuracy", validation=True
     )
-    assert found[0] == compare.Reading(80.0, "80.00%", 80)
+    assert found[0] == output.Reading(80.0, "80.00%", 80)
     assert run("x", ["Test set: Accuracy: 9912/10000 (99%)"]).readings("accuracy", validation=True)[0].total == 10000
 
 
