@@ -230,3 +230,19 @@ def test_the_engine_names_no_target():
     from nanopatch import engine
 
     assert [t.name for t in engine.targets()][:3] == ["cuda_to_cpu", "cuda_extensions", "vision"]
+
+
+#: the longest a function (or method) of nanopatch may be, in lines with its docstring (issue 42):
+#: past that, a function does several jobs and is split into named helpers
+LONGEST_FUNCTION = 60
+
+
+def test_no_function_is_longer_than_the_house_allows():
+    long = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > LONGEST_FUNCTION:
+                    long.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}: {length} lines")
+    assert not long, "\n".join(long)
