@@ -68,7 +68,9 @@ def register(target: Target) -> None:
 
 
 def unregister(name: str) -> None:
-    """Remove a target, undoing it first if it is applied."""
+    """Remove a target, undoing it first if it is applied: :func:`register`'s pair, for code
+    that registers targets of its own (a plugin, a test's demo targets); built-in targets are
+    switched off by their option instead."""
     with _locked():
         target = _registry.get(name)
         if target is None:
