@@ -584,7 +584,7 @@ def test_the_tested_versions_are_what_tox_tests():
         # the whole suite (newest and ipex leave the bench scripts' tiny runs and the tests
         # marked py_only to py)
         left = r'(-m "not py_only" )?--ignore-glob=\*/test_bench_\*\.py'
-        if re.fullmatch(rf"pytest( -n \d+)? \{{posargs(:{left})?\}}", commands):
+        if re.fullmatch(rf"pytest( -n \d+)?( --durations=\d+)? \{{posargs(:{left})?\}}", commands):
             pair = pins(section.get("deps", ""))
             assert pair, f"tox env {name} runs the suite on an unpinned torch"
             run.add((*pair, versions.FULL, name))
