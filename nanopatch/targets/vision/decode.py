@@ -277,18 +277,20 @@ class _Once:
         self._load = load
         self._key = key
         self._lock = threading.Lock()
-        self._value = self._UNLOADED
-        self._loaded_for: Any = None
+        # (the key it was made for, the value), replaced as one: a thread never sees a value
+        # half switched (no key equals the sentinel, so the first get() loads)
+        self._made: tuple[Any, Any] = (self._UNLOADED, None)
 
     def get(self) -> Any:
         key = self._key()
-        if self._value is self._UNLOADED or key != self._loaded_for:
+        made_for, value = self._made
+        if made_for != key:
             with self._lock:
-                if self._value is self._UNLOADED or key != self._loaded_for:
-                    self._value = self._UNLOADED
-                    self._value = self._load()
-                    self._loaded_for = key
-        return self._value
+                made_for, value = self._made
+                if made_for != key:
+                    value = self._load()
+                    self._made = (key, value)
+        return value
 
 
 def _calibration_jpegs() -> list[bytes]:
