@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
             warnings.warn("this old API is deprecated", FutureWarning)
     if "nanopatch" in sys.modules:
         from nanopatch.targets.vision import decode
-        assert decode._backend._value is not decode._backend._UNLOADED  # the loop decoded with it
+        assert decode._backend._made[0] is not decode._backend._UNLOADED  # the loop decoded with it
         backend = decode.jpeg_backend()
         print("BACKEND", backend.name if backend is not None else "pillow")
     """
