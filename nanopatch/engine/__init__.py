@@ -3,7 +3,8 @@
 * ``config``: every option, resolved (an argument beats a ``NANOPATCH_*`` variable, which beats
   auto-detection);
 * ``journal``: every change a target makes, and its exact undo;
-* ``api``: what a target's ``patch()`` calls to change anything (each call a journal entry);
+* ``api``: what a target is (:class:`Target`) and what its ``patch(ctx)`` gets (:class:`Context`:
+  the options in force, and every change it makes, each a journal entry);
 * ``patching``: the registry of targets, applying them when their library is imported and
   undoing them, and the public API (``patch_torch``, ``unpatch_torch``, ``patched``,
   ``unpatched``, ``status``);
@@ -14,23 +15,10 @@ underscore.
 """
 
 from . import api, config, journal, patching, versions
-from .api import (
-    add_hook,
-    applied_on_import,
-    current_target,
-    discard,
-    keep_on,
-    on_undo,
-    original,
-    replace,
-    replace_everywhere,
-    restore_on,
-    set_on,
-    wrap,
-)
+from .api import Context, Target
 from .journal import JOURNAL, NOTSET, Change, Journal, Record, qualname, raw_attribute
 from .patching import (
-    Target,
+    Registration,
     active_config,
     is_applied,
     is_patched,
@@ -50,32 +38,23 @@ __all__ = [
     "JOURNAL",
     "NOTSET",
     "Change",
+    "Context",
     "Journal",
     "Record",
+    "Registration",
     "Target",
     "active_config",
-    "add_hook",
     "api",
-    "applied_on_import",
     "config",
-    "current_target",
-    "discard",
     "is_applied",
     "is_patched",
     "journal",
-    "keep_on",
-    "on_undo",
-    "original",
     "patch_torch",
     "patched",
     "patching",
     "qualname",
     "raw_attribute",
     "register",
-    "replace",
-    "replace_everywhere",
-    "restore_on",
-    "set_on",
     "status",
     "target_state",
     "targets",
@@ -84,5 +63,4 @@ __all__ = [
     "unregister",
     "version_problem",
     "versions",
-    "wrap",
 ]

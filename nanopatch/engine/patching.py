@@ -2,13 +2,14 @@
 force, :func:`patch_torch` / :func:`unpatch_torch` / :func:`patched` / :func:`unpatched` and
 :func:`status`.
 
-* A **target** is one concern (``vision``, ``training``, ...): the option that switches it,
-  the module whose import triggers it, and the module of a nanopatch package that does the
-  work, its ``patch.py`` (the ``lightning`` targets: ``parallel/lightning.py`` beside it):
-  ``patch(config)``, ``unpatch()``, and ``SUPPORTED``: distribution -> version specifier.
+* A **target** is one concern (``vision``, ``training``, ...), registered as a
+  :class:`Registration`: its name, the option that switches it, the module whose import triggers
+  it, and where its code is: a :class:`~.api.Target` subclass (``"package.module:Class"``), made
+  into one instance per registration when the target first applies.
   nanopatch's own targets are registered by the targets' package; the engine names none.
-* A target changes things only through :mod:`.api`, whose every change is an entry of the
-  journal (:mod:`.journal`). ``status()`` lists them per target.
+* A target changes things only through the :class:`~.api.Context` its ``patch(ctx)`` gets,
+  whose every change is an entry of the journal (:mod:`.journal`). ``status()`` lists them per
+  target.
 * Undo replays the journal in reverse (LIFO), so after :func:`unpatch_torch` every patched
   attribute ``is`` its original again, attributes that did not exist are deleted, and no
   hook or setting of nanopatch's is left.
@@ -32,8 +33,9 @@ from typing import Any
 
 from nanopatch.foundation.log import log_once
 
-from . import api
 from . import config as _config
+from .api import Context
+from .api import Target as TargetCode
 from .journal import JOURNAL, NOTSET
 
 logger = logging.getLogger("nanopatch")
@@ -43,26 +45,39 @@ logger = logging.getLogger("nanopatch")
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """One concern the engine applies and undoes as a whole (see the module's docstring)."""
+class Registration:
+    """One target as the engine knows it before its code is imported (see the module's docstring)."""
 
     name: str
     option: str  # the config option that switches this target on
     module: str  # the target is applied once this module is imported
-    patcher: str  # dotted name of the module with patch(config), unpatch(), SUPPORTED
+    target: str  # "package.module:Class", the Target subclass that does the work
+
+    def load(self) -> TargetCode:
+        """The target's code: its module imported, its class made into this registration's instance."""
+        module_name, _, class_name = self.target.partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name)
+        if not (isinstance(cls, type) and issubclass(cls, TargetCode)):
+            raise TypeError(f"{self.target} is not a nanopatch.engine.Target subclass")
+        return cls(self.name)
 
 
-_registry: dict[str, Target] = {}
+_registry: dict[str, Registration] = {}
+_code: dict[str, TargetCode] = {}  # target name -> its instance, once it first applied
+_contexts: dict[str, Context] = {}  # target name -> its context, for as long as it is registered
 
 
-def register(target: Target) -> None:
+def register(target: Registration) -> None:
     """Add a target to the registry (targets apply in registration order)."""
     if target.option not in _config.OPTIONS:
         raise ValueError(f"target {target.name!r}: unknown option {target.option!r}")
+    if ":" not in target.target:
+        raise ValueError(f"target {target.name!r}: {target.target!r} is not 'package.module:Class'")
     with _locked():
         if target.name in _registry and _registry[target.name] != target:
             raise ValueError(f"a different target named {target.name!r} is registered")
         _registry[target.name] = target
+        _contexts.setdefault(target.name, Context(target.name))
         if _active is not None:
             _sync(target)
 
@@ -79,9 +94,11 @@ def unregister(name: str) -> None:
             _undo_targets([name])
         del _registry[name]
         _states.pop(name, None)
+        _code.pop(name, None)
+        _contexts.pop(name, None)
 
 
-def targets() -> list[Target]:
+def targets() -> list[Registration]:
     return list(_registry.values())
 
 
@@ -99,11 +116,11 @@ _queue_lock = threading.Lock()  # guards _imported, never held while anything el
 # --- applying and undoing targets -----------------------------------------------------
 
 
-def _enabled(target: Target, config: _config.Config) -> bool:
+def _enabled(target: Registration, config: _config.Config) -> bool:
     return bool(getattr(config, target.option))
 
 
-def _sync(target: Target) -> None:
+def _sync(target: Registration, on_import: bool = False) -> None:
     """Bring one target in line with the active configuration (lock held)."""
     assert _active is not None
     if target.name in _applied:
@@ -119,7 +136,7 @@ def _sync(target: Target) -> None:
 
             wrapt.register_post_import_hook(_on_import, target.module)
         return
-    _apply_target(target)
+    _apply_target(target, on_import)
 
 
 def _on_import(module: ModuleType) -> None:
@@ -160,10 +177,9 @@ def _apply_imported(name: str) -> None:
         _hooked.discard(name)
         if _active is None:
             return
-        with api.on_import_of(name):
-            for target in list(_registry.values()):
-                if target.module == name:
-                    _sync(target)
+        for target in list(_registry.values()):
+            if target.module == name:
+                _sync(target, on_import=True)
     except Exception:  # pragma: no cover - defensive
         logger.exception("patching on import of %s failed; left stock", name)
 
@@ -199,22 +215,28 @@ def version_problem(supported: dict[str, str]) -> str | None:
     return None
 
 
-def _apply_target(target: Target) -> None:
+def _apply_target(target: Registration, on_import: bool) -> None:
+    assert _active is not None
+    ctx = _contexts[target.name]
+    applied = False
     try:
-        with api.applying(target.name):
-            patcher = importlib.import_module(target.patcher)
-            problem = version_problem(getattr(patcher, "SUPPORTED", {}))
-            if problem:
-                _states[target.name] = ("unsupported", problem + "; left stock")
-                log_once(
-                    f"unsupported-{target.name}",
-                    "%s patches not applied: %s; everything runs stock",
-                    target.name,
-                    problem,
-                    level=logging.WARNING,
-                )
-                return
-            patcher.patch(_active)
+        code = _code.get(target.name)
+        if code is None:
+            code = _code[target.name] = target.load()
+        problem = version_problem(code.supported)
+        if problem:
+            _states[target.name] = ("unsupported", problem + "; left stock")
+            log_once(
+                f"unsupported-{target.name}",
+                "%s patches not applied: %s; everything runs stock",
+                target.name,
+                problem,
+                level=logging.WARNING,
+            )
+            return
+        ctx.begin(_active, on_import)
+        code.patch(ctx)
+        applied = True
     except BaseException as exc:
         JOURNAL.undo(target.name)  # no half-applied target
         if not isinstance(exc, Exception):  # Ctrl-C in a notebook, SystemExit: undone, then raised
@@ -230,6 +252,8 @@ def _apply_target(target: Target) -> None:
             level=logging.WARNING,
         )
         return
+    finally:
+        ctx.end(applied)
     _applied.append(target.name)
     count = len(JOURNAL.records(target.name))
     _states[target.name] = ("patched", f"{count} attribute(s) replaced")
@@ -237,14 +261,13 @@ def _apply_target(target: Target) -> None:
 
 def _undo_targets(names: Iterable[str]) -> None:
     for name in reversed(list(names)):
-        target = _registry[name]
+        ctx = _contexts[name]
         try:
-            patcher = sys.modules.get(target.patcher)
-            if patcher is not None and hasattr(patcher, "unpatch"):
-                patcher.unpatch()
+            _code[name].unpatch(ctx)
         except Exception:
             logger.exception("%s unpatch() failed; restoring its attributes anyway", name)
         JOURNAL.undo(name)
+        ctx.undone()
         _applied.remove(name)
         _states[name] = ("unpatched", "")
 
@@ -409,11 +432,11 @@ def status() -> dict[str, Any]:
                 "attributes": [r.where for r in JOURNAL.records(name)],
                 "changes": [c.where for c in JOURNAL.changes(name)],
             }
-            patcher = sys.modules.get(target.patcher)
-            if state == "patched" and hasattr(patcher, "describe"):
-                target_info[name]["details"] = patcher.describe()
-            if patcher is not None and hasattr(patcher, "self_checks"):
-                target_info[name]["self_checks"] = patcher.self_checks()
+            code = _code.get(name)
+            if code is not None and state == "patched" and code.describes():
+                target_info[name]["details"] = code.describe()
+            if code is not None and code.checks_itself():
+                target_info[name]["self_checks"] = code.self_checks()
         return {
             "patched": _active is not None,
             "options": config.as_dict() if config is not None else {},

@@ -45,7 +45,7 @@ TESTED: tuple[Tested, ...] = (
 
 
 def supported(*distributions: str) -> dict[str, str]:
-    """The version floors a target declares (its ``SUPPORTED``): the oldest tested pair's, for
+    """The version floors a target declares (its ``supported``): the oldest tested pair's, for
     ``torch`` and ``torchvision`` (pyproject.toml requires the same; tests/engine/test_versions.py
     checks it)."""
     oldest = TESTED[0]

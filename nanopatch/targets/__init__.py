@@ -10,35 +10,49 @@ from nanopatch import engine
 
 # first: a GPU script's tensors and models are on the CPU before any other target sees them
 engine.register(
-    engine.Target(name="cuda_to_cpu", option="cuda_to_cpu", module="torch", patcher="nanopatch.targets.cuda.patch")
-)
-engine.register(
-    engine.Target(
-        name="cuda_extensions",
-        option="cuda_to_cpu",
-        module="torch.utils.cpp_extension",
-        patcher="nanopatch.targets.cuda.patch",
+    engine.Registration(
+        name="cuda_to_cpu", option="cuda_to_cpu", module="torch", target="nanopatch.targets.cuda.patch:CudaToCpu"
     )
 )
 engine.register(
-    engine.Target(name="vision", option="vision", module="torchvision", patcher="nanopatch.targets.vision.patch")
+    engine.Registration(
+        name="cuda_extensions",
+        option="cuda_to_cpu",
+        module="torch.utils.cpp_extension",
+        target="nanopatch.targets.cuda.patch:CudaToCpu",
+    )
 )
 engine.register(
-    engine.Target(name="training", option="training", module="torch", patcher="nanopatch.targets.training.patch")
+    engine.Registration(
+        name="vision", option="vision", module="torchvision", target="nanopatch.targets.vision.patch:Vision"
+    )
 )
 engine.register(
-    engine.Target(
-        name="distributed", option="data_parallel", module="torch", patcher="nanopatch.targets.parallel.patch"
+    engine.Registration(
+        name="training", option="training", module="torch", target="nanopatch.targets.training.patch:Training"
+    )
+)
+engine.register(
+    engine.Registration(
+        name="distributed",
+        option="data_parallel",
+        module="torch",
+        target="nanopatch.targets.parallel.patch:DataParallel",
     )
 )
 for _name, _module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
     engine.register(
-        engine.Target(
-            name=_name, option="data_parallel", module=_module, patcher="nanopatch.targets.parallel.lightning"
+        engine.Registration(
+            name=_name,
+            option="data_parallel",
+            module=_module,
+            target="nanopatch.targets.parallel.lightning:LightningTrainer",
         )
     )
 del _name, _module
 # last: it times what the others accelerate
 engine.register(
-    engine.Target(name="breakdown", option="breakdown", module="torch", patcher="nanopatch.targets.breakdown.patch")
+    engine.Registration(
+        name="breakdown", option="breakdown", module="torch", target="nanopatch.targets.breakdown.patch:Breakdown"
+    )
 )

@@ -65,7 +65,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_the_source():
     graph = import_graph()
     assert "nanopatch.targets.training.patch" in graph["nanopatch.targets.parallel.patch"]
-    assert "nanopatch.engine" in graph["nanopatch.targets.training.discovery"]
+    assert "nanopatch.engine" in graph["nanopatch.targets.training.plan"]
 
 
 def test_no_import_cycle_between_nanopatchs_modules():
@@ -76,8 +76,9 @@ def test_every_target_lives_in_a_patch_module_or_its_package():
     from nanopatch import engine
 
     for target in engine.targets():
-        package = target.patcher.rsplit(".", 1)[0]
-        assert target.patcher.endswith(".patch") or f"{package}.patch" in import_graph(), target
+        module = target.target.partition(":")[0]
+        package = module.rsplit(".", 1)[0]
+        assert module.endswith(".patch") or f"{package}.patch" in import_graph(), target
 
 
 # --- the floors of docs/architecture.md -----------------------------------------------

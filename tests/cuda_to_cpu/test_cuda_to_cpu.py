@@ -271,10 +271,10 @@ def test_devices_and_factories_land_on_the_cpu(redirected):
 
 
 def test_torch_itself_keeps_the_machines_answer(redirected):
-    stock = engine.original("cuda_to_cpu", torch.cuda, "is_available")()
+    stock = engine.JOURNAL.original("cuda_to_cpu", torch.cuda, "is_available")()
     namespace = {"__name__": "torch.somewhere", "torch": torch}
     exec("answer = torch.cuda.is_available(), torch.cuda.device_count()", namespace)
-    assert namespace["answer"] == (stock, engine.original("cuda_to_cpu", torch.cuda, "device_count")())
+    assert namespace["answer"] == (stock, engine.JOURNAL.original("cuda_to_cpu", torch.cuda, "device_count")())
     assert torch.cuda.is_available() is True
 
 

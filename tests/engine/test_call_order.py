@@ -302,20 +302,18 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
     of torchvision (which fires the hook) still succeeds."""
     (tmp_path / "broken_target.py").write_text(
         "from nanopatch import engine\n"
-        "SUPPORTED = {}\n"
-        "def patch(config):\n"
-        "    import torchvision.transforms as T\n"
-        "    engine.replace(T, 'RandomErasing', object())\n"
-        "    raise RuntimeError('half-way')\n"
-        "def unpatch():\n"
-        "    pass\n"
+        "class Broken(engine.Target):\n"
+        "    def patch(self, ctx):\n"
+        "        import torchvision.transforms as T\n"
+        "        ctx.replace(T, 'RandomErasing', object())\n"
+        "        raise RuntimeError('half-way')\n"
     )
     code = """
         import logging, sys
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
         import nanopatch
         from nanopatch import engine
-        engine.register(engine.Target("broken", "vision", "torchvision", "broken_target"))
+        engine.register(engine.Registration("broken", "vision", "torchvision", "broken_target:Broken"))
         nanopatch.patch_torch()
         import torchvision.transforms as T
         assert T.RandomErasing is T.transforms.RandomErasing
@@ -339,12 +337,16 @@ def test_failing_target_is_rolled_back_and_does_not_break_import(tmp_path):
 @pytest.mark.py_only  # the engine's mechanics on demo targets: the real targets' orders run everywhere
 def test_unsupported_version_is_left_stock(tmp_path):
     (tmp_path / "future_target.py").write_text(
-        "SUPPORTED = {'torchvision': '>=99'}\ndef patch(config):\n    raise AssertionError('must not run')\n"
+        "from nanopatch import engine\n"
+        "class Future(engine.Target):\n"
+        "    supported = {'torchvision': '>=99'}\n"
+        "    def patch(self, ctx):\n"
+        "        raise AssertionError('must not run')\n"
     )
     code = """
         import nanopatch, torchvision.transforms as T
         from nanopatch import engine
-        engine.register(engine.Target("future", "vision", "torchvision", "future_target"))
+        engine.register(engine.Registration("future", "vision", "torchvision", "future_target:Future"))
         nanopatch.patch_torch()
         target = nanopatch.status()["targets"]["future"]
         assert target["state"] == "unsupported" and "outside the supported range >=99" in target["detail"], target

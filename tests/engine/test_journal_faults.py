@@ -20,12 +20,10 @@ import nanopatch
 from nanopatch import engine
 
 def target(name, module, patch, option="vision"):
-    patcher = types.ModuleType(f"patcher_{name}")
-    patcher.SUPPORTED = {}
-    patcher.patch = patch
-    patcher.unpatch = lambda: None
-    sys.modules[patcher.__name__] = patcher
-    engine.register(engine.Target(name, option, module, patcher.__name__))
+    code = types.ModuleType(f"patcher_{name}")
+    code.Code = type("Code", (engine.Target,), {"patch": lambda self, ctx: patch(ctx)})
+    sys.modules[code.__name__] = code
+    engine.register(engine.Registration(name, option, module, f"{code.__name__}:Code"))
 
 for real in [t.name for t in engine.targets()]:
     engine.unregister(real)  # only this test's targets
@@ -70,9 +68,9 @@ def test_unpatch_after_a_refused_undo_leaves_a_consistent_state(tmp_path):
                     raise AttributeError("refused")
                 super().__setattr__(name, value)
         Guarded = Meta("Guarded", (), {"value": "original", "armed": False})
-        def patch(config):
-            engine.replace(Guarded, "value", "patched")
-            engine.replace(plain, "value", "patched")
+        def patch(ctx):
+            ctx.replace(Guarded, "value", "patched")
+            ctx.replace(plain, "value", "patched")
         target("faulty", "plain_mod", patch)
         nanopatch.patch_torch()
         type.__setattr__(Guarded, "armed", True)
@@ -95,10 +93,10 @@ def test_an_interrupt_inside_a_target_leaves_nothing_half_applied(tmp_path):
         import os
         mod = types.ModuleType("victim"); mod.a = "original"; mod.b = "original"; sys.modules["victim"] = mod
         interrupt = [True]
-        def first(config):
-            engine.replace(mod, "a", "patched")
-        def second(config):
-            engine.replace(mod, "b", "patched")
+        def first(ctx):
+            ctx.replace(mod, "a", "patched")
+        def second(ctx):
+            ctx.replace(mod, "b", "patched")
             if interrupt[0]:
                 raise KeyboardInterrupt
         target("first", "victim", first)
@@ -146,9 +144,9 @@ def test_patching_while_another_thread_first_imports_the_module_does_not_deadloc
         os.environ["RACE_STARTED"] = {str(tmp_path / "started")!r}
         os.environ["RACE_GO"] = {str(tmp_path / "go")!r}
 
-        def on_import(config):
+        def on_import(ctx):
             import racepkg
-            engine.replace(racepkg, "VALUE", "patched")
+            ctx.replace(racepkg, "VALUE", "patched")
         target("on-import", "racepkg", on_import)
         nanopatch.patch_torch()  # racepkg not imported yet: its target waits for the import
 
@@ -159,9 +157,9 @@ def test_patching_while_another_thread_first_imports_the_module_does_not_deadloc
         # release the import once this thread is inside the engine, waiting for racepkg.sub
         threading.Timer(1.0, lambda: open(os.environ["RACE_GO"], "w").close()).start()
 
-        def needs_sub(config):
+        def needs_sub(ctx):
             import racepkg.sub
-            engine.replace(racepkg.sub, "SUB", "patched")
+            ctx.replace(racepkg.sub, "SUB", "patched")
         target("needs-sub", "threading", needs_sub)  # registered while patched: applied at once
         importer.join(30)
         import racepkg, racepkg.sub

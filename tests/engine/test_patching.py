@@ -78,20 +78,59 @@ def test_journal_records_the_original_once_and_undoes_lifo():
     assert module.value == "original"
 
 
-def test_replace_outside_a_target_is_refused():
-    with pytest.raises(RuntimeError, match="only be called from a target"):
-        engine.replace(types.ModuleType("m"), "x", 1)
+def test_replace_outside_a_targets_patch_is_refused():
+    """A context replaces module and class attributes only while its target's patch() runs;
+    later changes go through set_on, add_hook and on_undo, which undo with the target."""
+    ctx = engine.Context("idle")
+    with pytest.raises(RuntimeError, match="only be called while the target's patch"):
+        ctx.replace(types.ModuleType("m"), "x", 1)
+    with pytest.raises(RuntimeError, match="only be called while the target's patch"):
+        ctx.wrap(types.ModuleType("m"), "x", lambda *a: None)
 
 
-def test_register_rejects_unknown_option_and_conflicting_target():
+def test_register_rejects_unknown_option_conflicting_target_and_a_target_without_its_class():
     with pytest.raises(ValueError, match="unknown option"):
-        engine.register(engine.Target("x", "turbo", "torch", "x"))
-    engine.register(engine.Target("dup", "vision", "nonexistent_module_xyz", "dup"))
+        engine.register(engine.Registration("x", "turbo", "torch", "x:X"))
+    with pytest.raises(ValueError, match="is not 'package\\.module:Class'"):
+        engine.register(engine.Registration("x", "vision", "torch", "a_module_only"))
+    engine.register(engine.Registration("dup", "vision", "nonexistent_module_xyz", "dup:Dup"))
     try:
         with pytest.raises(ValueError, match="different target"):
-            engine.register(engine.Target("dup", "training", "nonexistent_module_xyz", "dup"))
+            engine.register(engine.Registration("dup", "training", "nonexistent_module_xyz", "dup:Dup"))
     finally:
         engine.unregister("dup")
+
+
+def test_a_target_class_gets_defaults_and_a_registration_names_its_instance():
+    class Plain(engine.Target):
+        def patch(self, ctx):
+            pass
+
+    class Telling(Plain):
+        def describe(self):
+            return {"did": "something"}
+
+        def self_checks(self):
+            return [{"check": "x", "agrees": True}]
+
+    plain = Plain("plain")
+    assert plain.name == "plain" and plain.supported == {} and plain.describe() is None and plain.self_checks() == []
+    assert plain.unpatch(engine.Context("plain")) is None
+    assert not Plain.describes() and not Plain.checks_itself() and Telling.describes() and Telling.checks_itself()
+    with pytest.raises(NotImplementedError):
+        engine.Target("bare").patch(engine.Context("bare"))
+    module = types.ModuleType("demo_registration_code")
+    module.Telling, module.NotATarget = Telling, object
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        made = engine.Registration("told", "vision", "torch", f"{module.__name__}:Telling").load()
+        assert type(made) is Telling and made.name == "told"
+        with pytest.raises(TypeError, match="is not a nanopatch\\.engine\\.Target subclass"):
+            engine.Registration("no", "vision", "torch", f"{module.__name__}:NotATarget").load()
+    finally:
+        del sys.modules[module.__name__]
 
 
 # --- the public API in-process ---------------------------------------------------------------
@@ -133,19 +172,18 @@ def test_status_is_a_plain_dict_describing_targets_and_options(demo):
 
 def test_register_while_patched_applies_at_once(demo):
     nanopatch.patch_torch()
-    extra = engine.Target("late", "vision", "torchvision", "demo_late_target")
+    extra = engine.Registration("late", "vision", "torchvision", "demo_late_target:Late")
     import sys
 
     late = types.ModuleType("demo_late_target")
-    late.SUPPORTED = {}
 
-    def patch(config):
-        import torchvision
+    class Late(engine.Target):
+        def patch(self, ctx):
+            import torchvision
 
-        engine.replace(torchvision, "LATE", config.bf16)
+            ctx.replace(torchvision, "LATE", ctx.config.bf16)
 
-    late.patch = patch
-    late.unpatch = lambda: None
+    late.Late = Late
     sys.modules["demo_late_target"] = late
     try:
         engine.register(extra)

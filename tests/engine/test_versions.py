@@ -1,4 +1,4 @@
-"""The version floors each built-in target declares (``SUPPORTED``) are the oldest tested pair's
+"""The version floors each built-in target declares (its class's ``supported``) are the oldest tested pair's
 (engine/versions.py, the list tox tests), and pyproject.toml requires the same: a floor that
 disagrees with what is tested could never fail."""
 
@@ -20,10 +20,11 @@ def test_every_target_declares_the_oldest_tested_pair_and_pyproject_requires_it(
         "torchvision": ">=" + ".".join(oldest.torchvision.split(".")[:2]),
     }
     assert versions.supported("torch", "torchvision") == floors
-    patchers = {target.patcher for target in engine.targets()}
-    assert len(patchers) >= 6
-    for name in patchers:
-        declared = getattr(importlib.import_module(name), "SUPPORTED", {})
+    classes = {target.target for target in engine.targets()}
+    assert len(classes) >= 6
+    for name in classes:
+        module, _, cls = name.partition(":")
+        declared = dict(getattr(importlib.import_module(module), cls).supported)
         assert declared == {k: floors[k] for k in declared}, (name, declared)
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     for dist, floor in floors.items():

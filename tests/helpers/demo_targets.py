@@ -21,16 +21,18 @@ from typing import Any
 
 from nanopatch import engine
 
-SUPPORTED = {"torchvision": ">=0.15", "torch": ">=2.0"}
-
-VISION = engine.Target(name="demo-vision", option="vision", module="torchvision", patcher="helpers.demo_targets")
-TRAINING = engine.Target(name="demo-training", option="training", module="torch", patcher="helpers.demo_training")
+VISION = engine.Registration(
+    name="demo-vision", option="vision", module="torchvision", target="helpers.demo_targets:DemoVision"
+)
+TRAINING = engine.Registration(
+    name="demo-training", option="training", module="torch", target="helpers.demo_training:DemoTraining"
+)
 
 CALLS = {"get_params": 0}
 _subclasses: dict[Any, type] = {}  # stock class -> its demo subclass, made once (stable identity)
 
 
-_set_aside: dict[str, engine.Target] = {}
+_set_aside: dict[str, engine.Registration] = {}
 
 
 def register() -> None:
@@ -79,22 +81,22 @@ def _demo_get_params(img, scale, ratio):
 DEMO_GET_PARAMS = staticmethod(_demo_get_params)
 
 
-def patch(config) -> None:
-    import torchvision.transforms as T
-    import torchvision.transforms.v2 as v2
+class DemoVision(engine.Target):
+    supported = {"torchvision": ">=0.15", "torch": ">=2.0"}
 
-    stock_erasing = T.transforms.RandomErasing
-    engine.replace_everywhere(stock_erasing, demo_subclass(stock_erasing), "torchvision")
-    stock_v2_erasing = v2.RandomErasing
-    engine.replace_everywhere(stock_v2_erasing, demo_subclass(stock_v2_erasing), "torchvision")
-    crop = stock_crop_class()
-    engine.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
-    engine.replace(crop, "get_params", DEMO_GET_PARAMS)
-    engine.replace(T.transforms, "DEMO_PATCHED", True)
+    def patch(self, ctx: engine.Context) -> None:
+        import torchvision.transforms as T
+        import torchvision.transforms.v2 as v2
 
-
-def unpatch() -> None:
-    pass  # everything demo-vision does is in the journal
+        stock_erasing = T.transforms.RandomErasing
+        ctx.replace_everywhere(stock_erasing, demo_subclass(stock_erasing), "torchvision")
+        stock_v2_erasing = v2.RandomErasing
+        ctx.replace_everywhere(stock_v2_erasing, demo_subclass(stock_v2_erasing), "torchvision")
+        crop = stock_crop_class()
+        ctx.replace(crop, "_stock_get_params", crop.__dict__["get_params"])
+        ctx.replace(crop, "get_params", DEMO_GET_PARAMS)
+        ctx.replace(T.transforms, "DEMO_PATCHED", True)
+        # everything demo-vision does is in the journal: no unpatch of its own
 
 
 # --- checks the tests share -----------------------------------------------------------------

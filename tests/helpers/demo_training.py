@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from nanopatch import engine
 
-SUPPORTED = {"torch": ">=2.0"}
 CALLS = {"optimizer_init": 0, "module_train": 0}
 
 
@@ -17,12 +16,12 @@ def _count(key):
     return wrapper
 
 
-def patch(config) -> None:
-    import torch
+class DemoTraining(engine.Target):
+    supported = {"torch": ">=2.0"}
 
-    engine.wrap(torch.optim.Optimizer, "__init__", _count("optimizer_init"))
-    engine.wrap(torch.nn.Module, "train", _count("module_train"))
+    def patch(self, ctx: engine.Context) -> None:
+        import torch
 
-
-def unpatch() -> None:
-    pass  # everything is in the journal
+        ctx.wrap(torch.optim.Optimizer, "__init__", _count("optimizer_init"))
+        ctx.wrap(torch.nn.Module, "train", _count("module_train"))
+        # everything is in the journal: no unpatch of its own

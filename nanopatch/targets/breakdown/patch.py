@@ -31,8 +31,6 @@ from nanopatch.runtime import tuning as runtime
 from ..training import ipex, optim
 from . import measure
 
-TARGET = "breakdown"
-
 #: a report's shares of the wall time, in the order a table shows them
 PARTS = (
     ("startup_s", "start-up (to the first step's end)"),
@@ -275,27 +273,37 @@ def _instance_step(optimizer: Any) -> None:
     """IPEX's fused step, set on the optimizer itself, is past torch's hooks: timed around it."""
     if not learning.internal_now():  # nanopatch's own self-check probes: not the run's
         own = optimizer.__dict__["step"]
-        engine.set_on(TARGET, optimizer, "step", optim.around_step(optimizer, own, _step_pre, _step_post))
+        assert _context is not None
+        _context.set_on(optimizer, "step", optim.around_step(optimizer, own, _step_pre, _step_post))
 
 
-def patch(config: Any) -> None:
-    global _meter, _trial
-    from torch.optim import optimizer as optimizer_mod
+class Breakdown(engine.Target):
+    """Where a run's time goes: its loader's waits, forward and backward, the optimizer's steps."""
 
-    _meter = _Meter()
-    _trial = measure.from_environment()
-    engine.wrap(dataloader._BaseDataLoaderIter, "__next__", _next)
-    for handle, where in (
-        (optimizer_mod.register_optimizer_step_pre_hook(_step_pre), "optimizer step pre-hook (breakdown)"),
-        (optimizer_mod.register_optimizer_step_post_hook(_step_post), "optimizer step post-hook (breakdown)"),
-    ):
-        engine.add_hook(TARGET, handle, where)
-    ipex.on_instance_step(TARGET, _instance_step)
+    def patch(self, ctx: engine.Context) -> None:
+        global _meter, _trial, _context
+        from torch.optim import optimizer as optimizer_mod
+
+        _meter = _Meter()
+        _trial = measure.from_environment()
+        _context = ctx
+        ctx.wrap(dataloader._BaseDataLoaderIter, "__next__", _next)
+        for handle, where in (
+            (optimizer_mod.register_optimizer_step_pre_hook(_step_pre), "optimizer step pre-hook (breakdown)"),
+            (optimizer_mod.register_optimizer_step_post_hook(_step_post), "optimizer step post-hook (breakdown)"),
+        ):
+            ctx.add_hook(handle, where)
+        ipex.on_instance_step(ctx, _instance_step)
+
+    def unpatch(self, ctx: engine.Context) -> None:
+        global _meter, _trial
+        _meter = _trial = None
+
+    def describe(self) -> dict[str, Any] | None:
+        return describe()
 
 
-def unpatch() -> None:
-    global _meter, _trial
-    _meter = _trial = None
+_context: engine.Context | None = None  # the target's, for the optimizers IPEX gives a step later
 
 
 def describe() -> dict[str, Any] | None:

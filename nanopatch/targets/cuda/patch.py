@@ -51,20 +51,18 @@ from nanopatch.foundation.log import log_once
 from . import standins
 from .standins import NoCpuEquivalent
 
-__all__ = ["EXTENSIONS", "SUPPORTED", "TARGET", "describe", "is_cuda", "patch", "unpatch"]
+__all__ = ["EXTENSIONS", "CudaToCpu", "is_cuda"]
 
 logger = logging.getLogger("nanopatch")
 
-#: the engine's names for this target and for its part on ``torch.utils.cpp_extension``
-TARGET = "cuda_to_cpu"
+#: the registered name of this target's part on ``torch.utils.cpp_extension``
 EXTENSIONS = "cuda_extensions"
-
-#: torch versions this target is written against (``torch.amp.GradScaler``, autocast's device_type)
-SUPPORTED = versions.supported("torch")
 
 CPU = torch.device("cpu")
 
-_state: dict[str, Any] = {"bf16": False, "device": 0}
+#: the option in force, the device index the script chose, and the main part's context (the
+#: journal's records of torch.cuda's stock functions)
+_state: dict[str, Any] = {"bf16": False, "device": 0, "ctx": None}
 #: CUDA GradScalers made while patched -> the state their API reports (they never scale)
 _scalers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -308,7 +306,8 @@ def _torch_asks(depth: int = 2) -> bool:
 
 
 def _stock_cuda(name: str) -> Any:
-    return engine.original(TARGET, torch.cuda, name)
+    ctx = _state["ctx"]
+    return ctx.original(torch.cuda, name) if ctx is not None else torch.cuda.__dict__[name]
 
 
 def is_available() -> bool:
@@ -534,11 +533,38 @@ _LIKE = ("zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "ran
 _NEW = ("new_tensor", "new_zeros", "new_ones", "new_empty", "new_full", "new_empty_strided")
 
 
-def patch(config: Any) -> None:
-    if engine.current_target() == EXTENSIONS:
-        _patch_extensions()
-        return
-    _state["bf16"] = bool(config.bf16)
+class CudaToCpu(engine.Target):
+    """A script written for a GPU runs on the CPU (registered twice: on ``torch``, and as
+    :data:`EXTENSIONS` on ``torch.utils.cpp_extension``)."""
+
+    #: torch versions this target is written against (``torch.amp.GradScaler``, autocast's device_type)
+    supported = versions.supported("torch")
+
+    def patch(self, ctx: engine.Context) -> None:
+        if ctx.name == EXTENSIONS:
+            _patch_extensions(ctx)
+        else:
+            _patch(ctx)
+
+    def unpatch(self, ctx: engine.Context) -> None:
+        if ctx.name != EXTENSIONS:
+            _scalers.clear()  # the scalers made while patched stay stock ones, disabled
+            _state["device"] = 0
+
+    def describe(self) -> dict[str, Any]:
+        """For ``nanopatch.status()``: what the CUDA forms become here."""
+        return {
+            "cuda_autocast": "bf16 autocast on the CPU" if _state["bf16"] else "off (the bf16 option is off)",
+            "is_available": True,
+            "device_count": device_count(),
+            "grad_scalers": len(_scalers),
+        }
+
+
+def _patch(ctx: engine.Context) -> None:
+    assert ctx.config is not None
+    _state["bf16"] = bool(ctx.config.bf16)
+    _state["ctx"] = ctx
     try:
         # torch.compile's rules (what each torch function is) are built once, when dynamo is
         # imported, by looking torch's names up: they must see torch's own functions, not these
@@ -546,13 +572,13 @@ def patch(config: Any) -> None:
         import torch._dynamo
     except Exception as exc:  # pragma: no cover - a torch without a working dynamo
         logger.debug("torch._dynamo not imported before --cuda-to-cpu: %s", exc)
-    _place_on_cpu()
-    _mixed_precision()
+    _place_on_cpu(ctx)
+    _mixed_precision(ctx)
     for name, new in _cuda_replacements().items():
         original = torch.cuda.__dict__.get(name)
         if original is not None:
-            engine.replace_everywhere(original, _named(name, new), "torch.cuda")
-    _distributed()
+            ctx.replace_everywhere(original, _named(name, new), "torch.cuda")
+    _distributed(ctx)
     log_once(
         "cuda-to-cpu",
         "--cuda-to-cpu: CUDA calls run on the CPU; CUDA autocast is %s",
@@ -560,7 +586,7 @@ def patch(config: Any) -> None:
     )
 
 
-def _place_on_cpu() -> None:
+def _place_on_cpu(ctx: engine.Context) -> None:
     from torch import nn
     from torch.storage import TypedStorage, _StorageBase
     from torch.utils import _device
@@ -571,43 +597,43 @@ def _place_on_cpu() -> None:
     names = {getattr(f, "__name__", None) for f in factories} | set(_LIKE)
     for name in sorted(n for n in names if n):
         if callable(torch.__dict__.get(name)):
-            engine.wrap(torch, name, _factory)
-    engine.wrap(torch.Tensor, "to", _to)
-    engine.wrap(torch.Tensor, "cuda", _tensor_cuda)
-    engine.wrap(torch.Tensor, "pin_memory", _returns_instance)
-    engine.wrap(torch.Tensor, "record_stream", _record_stream)
+            ctx.wrap(torch, name, _factory)
+    ctx.wrap(torch.Tensor, "to", _to)
+    ctx.wrap(torch.Tensor, "cuda", _tensor_cuda)
+    ctx.wrap(torch.Tensor, "pin_memory", _returns_instance)
+    ctx.wrap(torch.Tensor, "record_stream", _record_stream)
     for name in _NEW:
         if hasattr(torch.Tensor, name):
-            engine.wrap(torch.Tensor, name, _factory)
-    engine.wrap(nn.Module, "to", _module_to)
-    engine.wrap(nn.Module, "cuda", _returns_instance)
-    engine.wrap(_StorageBase, "cuda", _returns_instance)
-    engine.wrap(TypedStorage, "cuda", _returns_instance)
-    engine.wrap(_device.DeviceContext, "__init__", _device_context_init)
+            ctx.wrap(torch.Tensor, name, _factory)
+    ctx.wrap(nn.Module, "to", _module_to)
+    ctx.wrap(nn.Module, "cuda", _returns_instance)
+    ctx.wrap(_StorageBase, "cuda", _returns_instance)
+    ctx.wrap(TypedStorage, "cuda", _returns_instance)
+    ctx.wrap(_device.DeviceContext, "__init__", _device_context_init)
     load = torch.serialization.__dict__["load"]
-    wrapped = engine.wrap(torch.serialization, "load", _load)
+    wrapped = ctx.wrap(torch.serialization, "load", _load)
     if torch.__dict__.get("load") is load:
-        engine.replace(torch, "load", wrapped)
+        ctx.replace(torch, "load", wrapped)
 
 
-def _mixed_precision() -> None:
+def _mixed_precision(ctx: engine.Context) -> None:
     from torch.amp import autocast_mode, grad_scaler
 
-    engine.wrap(autocast_mode.autocast, "__init__", _autocast_init)
+    ctx.wrap(autocast_mode.autocast, "__init__", _autocast_init)
     scaler = grad_scaler.GradScaler
-    engine.wrap(scaler, "__init__", _scaler_init)
-    engine.wrap(scaler, "state_dict", _scaler_state_dict)
-    engine.wrap(scaler, "load_state_dict", _scaler_load_state_dict)
-    engine.wrap(scaler, "is_enabled", _scaler_is_enabled)
+    ctx.wrap(scaler, "__init__", _scaler_init)
+    ctx.wrap(scaler, "state_dict", _scaler_state_dict)
+    ctx.wrap(scaler, "load_state_dict", _scaler_load_state_dict)
+    ctx.wrap(scaler, "is_enabled", _scaler_is_enabled)
     for key in ("growth_factor", "backoff_factor", "growth_interval"):
-        engine.wrap(scaler, f"get_{key}", _scaler_getter(key))
-        engine.wrap(scaler, f"set_{key}", _scaler_setter(key))
+        ctx.wrap(scaler, f"get_{key}", _scaler_getter(key))
+        ctx.wrap(scaler, f"set_{key}", _scaler_setter(key))
 
 
-def _distributed() -> None:
+def _distributed(ctx: engine.Context) -> None:
     from torch.nn import parallel
 
-    engine.wrap(parallel.DistributedDataParallel, "__init__", _ddp_init)
+    ctx.wrap(parallel.DistributedDataParallel, "__init__", _ddp_init)
     if not torch.distributed.is_available():
         return
     from torch.distributed import distributed_c10d
@@ -620,27 +646,12 @@ def _distributed() -> None:
         original = distributed_c10d.__dict__.get(name)
         if original is None:
             continue
-        new = engine.wrap(distributed_c10d, name, wrapper)
-        engine.replace_everywhere(original, new, "torch.distributed")  # its re-exports
+        new = ctx.wrap(distributed_c10d, name, wrapper)
+        ctx.replace_everywhere(original, new, "torch.distributed")  # its re-exports
 
 
-def _patch_extensions() -> None:
+def _patch_extensions(ctx: engine.Context) -> None:
     from torch.utils import cpp_extension
 
-    engine.wrap(cpp_extension, "load", _extension_load)
-    engine.wrap(cpp_extension, "load_inline", _extension_load_inline)
-
-
-def unpatch() -> None:
-    _scalers.clear()  # the scalers made while patched stay stock ones, disabled
-    _state["device"] = 0
-
-
-def describe() -> dict[str, Any]:
-    """For ``nanopatch.status()``: what the CUDA forms become here."""
-    return {
-        "cuda_autocast": "bf16 autocast on the CPU" if _state["bf16"] else "off (the bf16 option is off)",
-        "is_available": True,
-        "device_count": device_count(),
-        "grad_scalers": len(_scalers),
-    }
+    ctx.wrap(cpp_extension, "load", _extension_load)
+    ctx.wrap(cpp_extension, "load_inline", _extension_load_inline)

@@ -30,8 +30,6 @@ from . import patch as distributed
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = versions.supported("torch")
-
 #: target name -> the module that defines the Trainer it patches
 TRAINERS = {
     "lightning": "lightning.pytorch.trainer.trainer",
@@ -69,12 +67,14 @@ def _trainer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
     return wrapped(*args, **kwargs)
 
 
-def patch(config: Any) -> None:
-    module = sys.modules.get(TRAINERS[engine.current_target()])
-    if module is None:
-        return
-    engine.wrap(module.Trainer, "__init__", _trainer_init)
+class LightningTrainer(engine.Target):
+    """Lightning's ``Trainer`` over nanopatch's processes (registered once per Lightning package,
+    named as :data:`TRAINERS` names it)."""
 
+    supported = versions.supported("torch")
 
-def unpatch() -> None:
-    """The engine restores ``Trainer.__init__``."""
+    def patch(self, ctx: engine.Context) -> None:
+        module = sys.modules.get(TRAINERS[ctx.name])
+        if module is None:
+            return
+        ctx.wrap(module.Trainer, "__init__", _trainer_init)

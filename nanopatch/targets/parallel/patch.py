@@ -58,8 +58,6 @@ from ..training.plan import register_data_parallel
 
 logger = logging.getLogger("nanopatch")
 
-SUPPORTED = versions.supported("torch")
-
 #: warm-up length when no training loader tells how long an epoch is
 DEFAULT_WARMUP_STEPS = 100
 
@@ -73,14 +71,12 @@ class _State:
 
 
 _state = _State()
-_config: Any = None
+_context: engine.Context | None = None  # the target's while it is applied (its options, its journal)
 _local = threading.local()
 _ddps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's model -> DDP wrapper
 _candidates: weakref.WeakSet = weakref.WeakSet()  # sequential loaders, decided at iteration
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> steps taken
 _saved_lrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> lrs to restore
-#: the patch engine's name for this target (what its journal entries are filed under)
-TARGET = "distributed"
 _instance_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its own step
 
 
@@ -143,7 +139,7 @@ def finish() -> None:
 
 def active() -> bool:
     """Whether nanopatch runs data-parallel for this script now."""
-    return _config is not None and _state.started and _state.self_managed is None and dist.is_initialized()
+    return _context is not None and _state.started and _state.self_managed is None and dist.is_initialized()
 
 
 def world_size() -> int:
@@ -271,8 +267,9 @@ def _shard(loader: tud.DataLoader, shuffle: bool) -> None:
     # DataLoader refuses these assignments after __init__ (the journal sets them past that, and
     # puts the loader's own back at unpatch); the loader has not iterated yet with them, and
     # its length follows the batch sampler.
-    engine.set_on(TARGET, loader, "sampler", sampler)
-    engine.set_on(TARGET, loader, "batch_sampler", batches)
+    assert _context is not None
+    _context.set_on(loader, "sampler", sampler)
+    _context.set_on(loader, "batch_sampler", batches)
     if _state.warmup_steps is None:
         _state.warmup_steps = max(1, len(batches))
     logger.info(
@@ -351,7 +348,8 @@ def _cover_instance_step(optimizer: Any) -> None:
         return
     _instance_steps[optimizer] = own
     step = around_step(optimizer, own, functools.partial(_pre_step, instance=True), _post_step)
-    engine.set_on(TARGET, optimizer, "step", step)
+    assert _context is not None
+    _context.set_on(optimizer, "step", step)
 
 
 def _ipex_step(optimizer: Any) -> None:
@@ -365,7 +363,7 @@ def _pre_step(optimizer: Any, args: tuple, kwargs: dict, instance: bool = False)
         return None
     step = _steps.get(optimizer, 0)
     _steps[optimizer] = step + 1
-    if _config is not None and _config.auto_lr:
+    if _context is not None and _context.config is not None and _context.config.auto_lr:
         warmup = _state.warmup_steps or DEFAULT_WARMUP_STEPS
         factor = lr_factor(step, world_size(), warmup)
         if factor != 1.0:
@@ -455,35 +453,43 @@ def _sampler_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 # --- patch / unpatch (called by the engine) -------------------------------------------
 
 
-def patch(config: Any) -> None:
-    global _config
-    from torch.distributed import distributed_c10d
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.optim import optimizer as optimizer_mod
+class DataParallel(engine.Target):
+    """Data-parallel training over nanopatch's processes (``--nproc``): the process group, the
+    loaders sharded, the learning rate scaled."""
 
-    _config = config
-    init = engine.raw_attribute(distributed_c10d, "init_process_group")
-    wrapper = engine.wrap(distributed_c10d, "init_process_group", _init_process_group)
-    if getattr(dist, "init_process_group", None) is init:
-        engine.replace(dist, "init_process_group", wrapper)
-    engine.wrap(DistributedDataParallel, "__init__", _ddp_init)
-    engine.wrap(tud.DistributedSampler, "__init__", _sampler_init)
-    engine.wrap(tud.DataLoader, "__init__", _loader_init)
-    engine.wrap(tud.DataLoader, "__iter__", _loader_iter)
-    for handle in (
-        optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
-        optimizer_mod.register_optimizer_step_post_hook(_post_step),
-    ):
-        engine.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (data-parallel)")
-    ipex.on_instance_step(TARGET, _ipex_step)
+    supported = versions.supported("torch")
 
+    def patch(self, ctx: engine.Context) -> None:
+        global _context
+        from torch.distributed import distributed_c10d
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.optim import optimizer as optimizer_mod
 
-def unpatch() -> None:
-    global _config
-    _config = None
-    _instance_steps.clear()
-    _detach_all()
-    _candidates.clear()
+        _context = ctx
+        init = engine.raw_attribute(distributed_c10d, "init_process_group")
+        wrapper = ctx.wrap(distributed_c10d, "init_process_group", _init_process_group)
+        if getattr(dist, "init_process_group", None) is init:
+            ctx.replace(dist, "init_process_group", wrapper)
+        ctx.wrap(DistributedDataParallel, "__init__", _ddp_init)
+        ctx.wrap(tud.DistributedSampler, "__init__", _sampler_init)
+        ctx.wrap(tud.DataLoader, "__init__", _loader_init)
+        ctx.wrap(tud.DataLoader, "__iter__", _loader_iter)
+        for handle in (
+            optimizer_mod.register_optimizer_step_pre_hook(_pre_step),
+            optimizer_mod.register_optimizer_step_post_hook(_post_step),
+        ):
+            ctx.add_hook(handle, "torch.optim.optimizer: global step hook (data-parallel)")
+        ipex.on_instance_step(ctx, _ipex_step)
+
+    def unpatch(self, ctx: engine.Context) -> None:
+        global _context
+        _context = None
+        _instance_steps.clear()
+        _detach_all()
+        _candidates.clear()
+
+    def describe(self) -> dict[str, Any]:
+        return describe()
 
 
 def describe() -> dict[str, Any]:

@@ -31,14 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanopatch import engine
 from nanopatch.engine import config as config_mod
 from nanopatch.foundation.log import log_once, warn_once
 
 from . import compile_choice, dropout, ipex, optim, selfcheck
 from . import forward as fw
 from . import memory_format as mf
-from .plan import TARGET, Plan, compiling, config, data_parallel, local, lock, plans, tls, trial_for
+from .plan import Plan, compiling, config, context, data_parallel, local, lock, plans, tls, trial_for
 
 logger = logging.getLogger("nanopatch")
 
@@ -311,7 +310,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.ddp = None
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         if plan.layout is not None:
-            engine.discard(plan.layout)
+            context().discard(plan.layout)
             plan.layout = None
         plan.rank = None
     if plan.ipex and plan.amp_dtype is not None:
@@ -421,7 +420,7 @@ def _start() -> None:
         module_mod.register_module_forward_pre_hook(_discover_pre),
         module_mod.register_module_forward_hook(_discover_post, always_call=True),
     ):
-        _hooks.append(engine.add_hook(TARGET, handle, "torch.nn.modules.module: global forward hook (model search)"))
+        _hooks.append(context().add_hook(handle, "torch.nn.modules.module: global forward hook (model search)"))
 
 
 def stop() -> None:
@@ -434,14 +433,14 @@ def stop() -> None:
         if _inflight[0]:
             if config() is None:
                 for entry in _hooks:
-                    engine.discard(entry, undo=False)
+                    context().discard(entry, undo=False)
                 _outlived.extend(_hooks)
                 _hooks.clear()
             return
         entries, _hooks[:] = list(_hooks), []
         outlived, _outlived[:] = list(_outlived), []
     for entry in entries:
-        engine.discard(entry)
+        context().discard(entry)
     for entry in outlived:
         entry.undo()
 
@@ -684,7 +683,7 @@ def reset() -> None:
     watched.clear()
     unaccelerated.clear()
     for change in list(converted.values()):
-        engine.discard(change)
+        context().discard(change)
     converted.clear()
 
 

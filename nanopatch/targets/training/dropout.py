@@ -35,11 +35,10 @@ from typing import Any
 
 import torch
 
-from nanopatch import engine
 from nanopatch.foundation import records
 from nanopatch.foundation.log import log_once, warnings_from
 
-from .plan import TARGET, local
+from .plan import config, context, local
 
 _aten = torch.ops.aten
 #: tensors smaller than this draw their mask stock (the kernel's own cost would outweigh the gain)
@@ -236,7 +235,7 @@ def install() -> bool:
 def register(installed: list[Any], op: str, kernel: Any, key: str, refused: str, what: str, undo: Any = None) -> bool:
     """Register ``kernel`` for ``aten::<op>`` at dispatch key ``key`` as an entry of the patch
     engine's journal, noted in ``installed`` while it is on (``undo`` also runs when it comes
-    off). When torch cannot take it, logs ``refused`` once and returns False."""
+    off); outside a patch, for good. When torch cannot take it, logs ``refused`` once and returns False."""
     if installed:
         return True
     try:
@@ -263,7 +262,10 @@ def register(installed: list[Any], op: str, kernel: Any, key: str, refused: str,
             undo()
         library._destroy()
 
-    installed.append(engine.on_undo(TARGET, remove, f"aten::{op}: {what}"))
+    if config() is None:  # outside a patch (bench/'s prototypes): registered for the process's life
+        installed.append(library)
+        return True
+    installed.append(context().on_undo(remove, f"aten::{op}: {what}"))
     return True
 
 

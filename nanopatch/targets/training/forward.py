@@ -10,7 +10,7 @@ rounds to exactly 1.0 and a ``BCELoss`` with target 0 then sees ``log(0)``; thes
 while nanopatch's autocast is on.
 
 Both live in the instance's ``__dict__`` only while patched (set and undone through the patch
-engine's journal: :func:`nanopatch.engine.engine.set_on`). Pickles and deep copies never
+engine's journal: :meth:`nanopatch.engine.Context.set_on`). Pickles and deep copies never
 carry them: ``nn.Module.__getstate__`` is wrapped to leave them out (:func:`module_getstate`),
 so ``torch.save(model)`` loads anywhere, and a copy runs the class's own forward.
 """
@@ -30,7 +30,7 @@ from nanopatch.foundation.log import log_once, warn_once
 
 from . import amp, dropout
 from . import memory_format as mf
-from .plan import TARGET, Plan, config, data_parallel, local, tls
+from .plan import Plan, config, context, data_parallel, local, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -288,12 +288,12 @@ def install(module: nn.Module, plan: Plan) -> None:
         plan.previous_forward = current.previous
     else:
         plan.previous_forward = current
-        engine.set_on(TARGET, module, "forward", AcceleratedForward(module, plan))
+        context().set_on(module, "forward", AcceleratedForward(module, plan))
     if plan.amp_dtype is not None and not plan.heads:
         for head in output_activations(module):
             if not isinstance(head.__dict__.get("forward"), Fp32Forward):
                 previous = head.__dict__.get("forward", engine.NOTSET)
-                engine.set_on(TARGET, head, "forward", Fp32Forward(head, previous))
+                context().set_on(head, "forward", Fp32Forward(head, previous))
                 plan.heads.append(head)
         if plan.heads:
             plan.notes.append(f"{len(plan.heads)} output activation(s) computed in fp32")
@@ -302,19 +302,19 @@ def install(module: nn.Module, plan: Plan) -> None:
 
 def uninstall_heads(plan: Plan) -> None:
     for head in plan.heads:
-        engine.restore_on(TARGET, head, "forward")
+        context().restore_on(head, "forward")
     plan.heads.clear()
 
 
 def uninstall(module: nn.Module, plan: Plan) -> None:
-    engine.restore_on(TARGET, module, "forward")
+    context().restore_on(module, "forward")
     uninstall_heads(plan)
     plan.installed = False
 
 
 def keep(module: nn.Module) -> None:
     """The model's accelerated forward stays on after unpatch (an IPEX bf16 model needs it)."""
-    engine.keep_on(TARGET, module, "forward")
+    context().keep_on(module, "forward")
 
 
 def output_activations(model: nn.Module) -> list[nn.Module]:

@@ -99,10 +99,10 @@ def optimize(model: nn.Module, optimizer: torch.optim.Optimizer, bf16: bool) -> 
             listener(optimizer)
 
 
-def on_instance_step(target: str, listener: Callable[[torch.optim.Optimizer], None]) -> None:
-    """Have ``listener(optimizer)`` called, while ``target`` is applied, for each optimizer IPEX
+def on_instance_step(ctx: engine.Context, listener: Callable[[torch.optim.Optimizer], None]) -> None:
+    """Have ``listener(optimizer)`` called, while ``ctx``'s target is applied, for each optimizer IPEX
     gives a step of its own, so that it can wrap that step as torch's hooks would have seen it.
     Targets wrap in the order they were applied and are undone the other way round, so each
     wrapper is restored to what it wrapped."""
     _instance_step_listeners.append(listener)
-    engine.on_undo(target, lambda: _instance_step_listeners.remove(listener), "IPEX instance-step listener")
+    ctx.on_undo(lambda: _instance_step_listeners.remove(listener), "IPEX instance-step listener")

@@ -14,9 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nanopatch import engine
-
-from .plan import TARGET
+from .plan import context
 
 _CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
 _CONV3D = (nn.Conv3d, nn.ConvTranspose3d)
@@ -39,7 +37,7 @@ def memory_format(rank: int) -> torch.memory_format:
 
 def convert_model(model: nn.Module, rank: int) -> Any:
     """Make the model's weights channels-last; the change is an entry of the patch engine's
-    journal (undone at unpatch, or by ``engine.discard`` of what this returns), forgotten if
+    journal (undone at unpatch, or by ``Context.discard`` of what this returns), forgotten if
     the model is dropped."""
     model.to(memory_format=memory_format(rank))
     ref = weakref.ref(model)
@@ -49,7 +47,7 @@ def convert_model(model: nn.Module, rank: int) -> Any:
         if alive is not None:
             restore_model(alive)
 
-    return engine.on_undo(TARGET, undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
+    return context().on_undo(undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
 
 
 def restore_model(model: nn.Module) -> None:

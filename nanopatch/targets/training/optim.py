@@ -14,10 +14,8 @@ from typing import Any
 
 import torch
 
-from nanopatch import engine
-
 from . import selfcheck
-from .plan import TARGET
+from .plan import context
 
 _FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
 _FOREACH = ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop", "ASGD", "Adadelta")
@@ -96,7 +94,7 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
                 opt.param_groups[i][flag] = None
 
     where = f"{type(optimizer).__name__}(at {id(optimizer):#x}): {flag} step"
-    entry = engine.on_undo(TARGET, undo, where, owner=optimizer)
+    entry = context().on_undo(undo, where, owner=optimizer)
     _fast[optimizer] = (flag, changed, entry)
     return flag
 
@@ -105,7 +103,7 @@ def restore_step(optimizer: torch.optim.Optimizer) -> None:
     """Undo :func:`use_fast_step`: the flags back to unset, the hooks removed."""
     state = _fast.get(optimizer)
     if state is not None:
-        engine.discard(state[2])
+        context().discard(state[2])
 
 
 def _stock_flags(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:

@@ -31,38 +31,57 @@ from nanopatch.runtime import tuning as runtime
 
 from . import attention, discovery, dropout, loss, replay, selfcheck
 from . import forward as fw
-from .plan import TARGET, lock, plans, state
+from .plan import lock, plans, state
 
-__all__ = ["describe", "patch", "plans", "release_data_parallel", "self_checks", "summary", "training_now", "unpatch"]
-
-#: torch versions this target is written against (module hooks with always_call, autocast on CPU).
-SUPPORTED = versions.supported("torch")
+__all__ = ["Training", "describe", "plans", "release_data_parallel", "self_checks", "summary", "training_now"]
 
 
-def patch(config: Any) -> None:
+class Training(engine.Target):
+    """The model an optimizer trains, found and accelerated (bf16, channels-last, IPEX, fused
+    steps, compile), and left stock where that does not learn as stock."""
+
+    #: torch versions this target is written against (module hooks with always_call, autocast on CPU)
+    supported = versions.supported("torch")
+
+    def patch(self, ctx: engine.Context) -> None:
+        _patch(ctx)
+
+    def unpatch(self, ctx: engine.Context) -> None:
+        _unpatch()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return describe()
+
+    def self_checks(self) -> list[dict[str, Any]]:
+        return self_checks()
+
+
+def _patch(ctx: engine.Context) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim import optimizer as optimizer_mod
 
-    state["config"] = config
-    engine.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
-    engine.wrap(nn.Module, "__getstate__", fw.module_getstate)
-    engine.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    config = ctx.config
+    assert config is not None
+    state["ctx"], state["config"] = ctx, config
+    ctx.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
+    ctx.wrap(nn.Module, "__getstate__", fw.module_getstate)
+    ctx.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
     if hasattr(F, "_in_projection_packed"):
-        engine.wrap(F, "_in_projection_packed", attention.in_projection_packed)
+        ctx.wrap(F, "_in_projection_packed", attention.in_projection_packed)
     if runtime.run_cpus() is not None:
         # under the runner the main thread is pinned to one CPU: torch's warning about too many
         # DataLoader workers must count the run's CPUs, as it does without the runner
         from torch.utils.data import dataloader
 
-        engine.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
+        ctx.wrap(dataloader.DataLoader, "check_worker_number_rationality", runtime.with_run_cpus)
     if runtime.tuned_names(os.environ):
         # a process the script starts through subprocess: the run's CPUs, not the main thread's
         # one, and for any program but a bootstrapped Python none of the runner's OpenMP variables
-        engine.wrap(subprocess.Popen, "__init__", runtime.start_process_as_the_run)
+        ctx.wrap(subprocess.Popen, "__init__", runtime.start_process_as_the_run)
     if config.malloc_reuse:
-        _keep_freed_memory()
+        _keep_freed_memory(ctx)
     loss.install()
-    missing = replay.install()
+    missing = replay.install(ctx)
     if config.fast_dropout:
         if missing:
             # a replayed forward would draw stock masks where its forward drew fast ones
@@ -78,24 +97,24 @@ def patch(config: Any) -> None:
         optimizer_mod.register_optimizer_step_pre_hook(discovery.step_pre),
         optimizer_mod.register_optimizer_step_post_hook(discovery.step_post),
     ):
-        engine.add_hook(TARGET, handle, "torch.optim.optimizer: global step hook (model search)")
+        ctx.add_hook(handle, "torch.optim.optimizer: global step hook (model search)")
     with lock:
         for plan in list(plans.values()):
             if plan.ipex and not plan.installed:
                 plan.installed = True  # its forward never left: it is accelerated again
-        if not engine.applied_on_import():  # torch only now imported: no optimizer exists yet
+        if not ctx.applied_on_import:  # torch only now imported: no optimizer exists yet
             discovery.scan()
 
 
-def _keep_freed_memory() -> None:
+def _keep_freed_memory(ctx: engine.Context) -> None:
     done, what = malloc.keep_freed_memory()
     if done:
-        engine.on_undo(TARGET, malloc.restore_defaults, what)
+        ctx.on_undo(malloc.restore_defaults, what)
         state["malloc"] = what
     log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
 
 
-def unpatch() -> None:
+def _unpatch() -> None:
     with lock:
         state["config"] = None
         state["malloc"] = None

@@ -21,9 +21,6 @@ from torch import nn
 
 from nanopatch import engine
 
-#: the patch engine's name for the training target (what its journal entries are filed under)
-TARGET = "training"
-
 lock = threading.RLock()
 local = threading.local()
 
@@ -44,9 +41,10 @@ def data_parallel() -> Any:
     return _engines.get("data_parallel")
 
 
-#: the active nanopatch Config while patched, else None; what glibc's malloc was told while
-#: patched (``malloc``: None where it was left alone)
-state: dict[str, Any] = {"config": None, "malloc": None}
+#: the training target's context (``ctx``: its journal, kept from its first patch on), the options
+#: in force while it is applied (``config``, from that context; else None), and what glibc's
+#: malloc was told while patched (``malloc``: None where it was left alone)
+state: dict[str, Any] = {"ctx": None, "config": None, "malloc": None}
 
 #: model -> Plan, for every model nanopatch found while patched (IPEX ones also after)
 plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -56,7 +54,17 @@ logger = logging.getLogger("nanopatch")
 
 
 def config() -> Any:
+    """The options in force while the training target is applied, else None."""
     return state["config"]
+
+
+def context() -> engine.Context:
+    """The training target's context: every change training makes after its patch() goes through
+    it (a model's forward, a hook, an optimizer's flags), filed under the target."""
+    ctx = state["ctx"]
+    if ctx is None:
+        raise RuntimeError("nanopatch: the training target has not been applied")
+    return ctx
 
 
 def compiling() -> bool:

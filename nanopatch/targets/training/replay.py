@@ -96,7 +96,7 @@ _WRAPPERS = {
 }
 
 
-def install() -> list[str]:
+def install(ctx: engine.Context) -> list[str]:
     """Hook checkpointing's forward and replay; returns the hook points this torch lacks (a
     replay through one of them could not be kept consistent)."""
     from torch.utils import checkpoint
@@ -109,5 +109,5 @@ def install() -> list[str]:
     if missing:
         return missing
     for owner_name, attribute in HOOK_POINTS:
-        engine.wrap(getattr(checkpoint, owner_name), attribute, _WRAPPERS[(owner_name, attribute)])
+        ctx.wrap(getattr(checkpoint, owner_name), attribute, _WRAPPERS[(owner_name, attribute)])
     return []

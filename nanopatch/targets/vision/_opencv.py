@@ -38,10 +38,11 @@ def _one_thread(module: ModuleType) -> None:
         if os.getpid() == pid:  # a forked child never touches OpenCV's threading
             module.setNumThreads(before)
 
-    from nanopatch import engine
+    from ._originals import context
 
-    if engine.is_applied("vision"):  # else nanopatch's kernels run outside a patch (a spawned worker)
-        engine.on_undo("vision", undo, f"cv2.setNumThreads(1) (it was {before})")
+    ctx = context()
+    if ctx is not None and ctx.applied:  # else nanopatch's kernels run outside a patch (a spawned worker)
+        ctx.on_undo(undo, f"cv2.setNumThreads(1) (it was {before})")
 
 
 def cv2() -> ModuleType:
@@ -56,9 +57,10 @@ def _before_fork() -> None:
     module = sys.modules.get("cv2")
     if module is None or _configured_in is not None or not hasattr(module, "setNumThreads"):
         return
-    from nanopatch import engine
+    from ._originals import context
 
-    if engine.is_applied("vision"):
+    ctx = context()
+    if ctx is not None and ctx.applied:
         _one_thread(module)
 
 

@@ -23,13 +23,12 @@ import numpy as np
 import torch
 import torchvision.transforms.functional as F
 
-from nanopatch import engine
 from nanopatch.engine import config
 from nanopatch.foundation import usage
 
 from . import decode as _decode
 from . import functional as fn
-from ._originals import original
+from ._originals import context, original
 from ._pixels import Pixels
 from .datasets import ACCEPTS_ENCODED
 
@@ -41,9 +40,9 @@ def stock_class(module, name: str) -> type:
 
 def fast_decode_enabled() -> bool:
     """The ``fast_decode`` option in force (the environment's, in a process never patched)."""
-    active = engine.active_config()
-    if active is not None:
-        return active.fast_decode
+    ctx = context()
+    if ctx is not None and ctx.config is not None:  # the vision target is applied (or applying)
+        return ctx.config.fast_decode
     raw = os.environ.get(config.env_name("fast_decode"), "").strip()
     return True if not raw else config.parse_value("fast_decode", raw, " (from the environment)")
 

@@ -7,13 +7,21 @@ from nanopatch import engine
 from nanopatch.engine import versions
 from nanopatch.foundation.log import log_once
 
-from ._originals import original
-
-#: torchvision versions this target is written against (its loader, dataset and transform internals).
-SUPPORTED = versions.supported("torchvision")
+from ._originals import bind, original
 
 
-def patch(config) -> None:
+class Vision(engine.Target):
+    """torchvision's decoding, datasets and transforms on nanopatch's kernels."""
+
+    #: torchvision versions this target is written against (its loader, dataset and transform internals)
+    supported = versions.supported("torchvision")
+
+    def patch(self, ctx: engine.Context) -> None:
+        bind(ctx)
+        _patch(ctx)
+
+
+def _patch(ctx: engine.Context) -> None:
     import torchvision.datasets as tv_datasets
     import torchvision.datasets.folder as folder
     import torchvision.transforms  # noqa: F401 - loads the modules whose names are replaced
@@ -28,20 +36,20 @@ def patch(config) -> None:
     from . import datasets, transforms
 
     # default_loader and every loader-taking dataset call folder.pil_loader at call time.
-    engine.replace_everywhere(original(folder, "pil_loader"), datasets.pil_loader, "torchvision")
-    engine.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
+    ctx.replace_everywhere(original(folder, "pil_loader"), datasets.pil_loader, "torchvision")
+    ctx.replace(folder.DatasetFolder, "__getitem__", datasets.dataset_folder_getitem)
 
     for name in datasets.IN_MEMORY:
         cls = getattr(tv_datasets, name, None)
         if cls is None or "__getitem__" not in cls.__dict__:
             continue  # not in this torchvision version: stays stock
-        engine.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
+        ctx.replace(cls, "__getitem__", datasets.in_memory_getitem(name))
 
     # Transform classes: where torchvision defines them and every namespace re-exporting them.
     # Each nanopatch class subclasses the stock class it stands in for (``_nanopatch_stock``).
     for name in transforms.__all__:
         ours = getattr(transforms, name)
-        engine.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+        ctx.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
 
     if not hasattr(v2.Transform, "make_params"):  # torchvision < 0.21 names it _get_params
         log_once("transforms-v2", "torchvision %s: transforms.v2 left stock", torchvision_version())
@@ -50,14 +58,10 @@ def patch(config) -> None:
 
     for name in transforms_v2.__all__:
         ours = getattr(transforms_v2, name)
-        engine.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
+        ctx.replace_everywhere(ours._nanopatch_stock, ours, "torchvision")
 
 
 def torchvision_version() -> str:
     import torchvision
 
     return torchvision.__version__
-
-
-def unpatch() -> None:
-    pass  # everything above is in the journal
