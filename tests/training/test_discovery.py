@@ -280,12 +280,12 @@ def test_no_warning_for_an_accelerated_model_and_the_search_hooks_end():
         warnings.simplefilter("error", NanopatchWarning)
         model = cnn()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        assert discovery._hooks
+        assert discovery.search.hooks
         for _ in range(5):
             optimizer.zero_grad()
             F.cross_entropy(model(torch.randn(2, 3, 8, 8)), torch.tensor([0, 1])).backward()
             optimizer.step()
-        assert not discovery._hooks and not discovery.pending
+        assert not discovery.search.hooks and not discovery.search.pending
         assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
     assert training.summary() == []  # unpatched: nothing is accelerated now
 

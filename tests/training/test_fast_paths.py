@@ -18,7 +18,7 @@ from nanopatch import NanopatchWarning
 from nanopatch.runtime import malloc
 from nanopatch.targets.training import dropout
 from nanopatch.targets.training import patch as training_patch
-from nanopatch.targets.training.plan import Plan
+from nanopatch.targets.training.plan import Plan, Seen
 
 from conftest import AUTO_COMPUTE, run_python
 from helpers.learning_oracle import plans_alive_now, training_details
@@ -147,7 +147,7 @@ def test_later_runs_on_the_machine_use_the_method_measured_first(monkeypatch, ca
     monkeypatch.setattr(dropout, "_best", lambda draw: pytest.fail("measured again"))
     assert dropout.hash_method() is True
     assert dropout.method() == (True, 10.0, 1.0, 262144)
-    plan = Plan(name="M", fast_dropout=True, dropout_method=dropout.method())
+    plan = Plan(name="M", seen=Seen(fast_dropout=True, dropout_method=dropout.method()))
     assert plan.describe()["dropout_words"] == "counter hash (1.00 ms against the generator's 10.00 per 262144 words)"
     assert "fast dropout masks (hashed on all threads)" in plan.summary()
     # a record it cannot read is measured again

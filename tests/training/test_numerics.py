@@ -159,4 +159,4 @@ def test_discovery_hooks_do_not_outlive_the_search():
         assert module_mod._global_forward_pre_hooks  # searching: the optimizer is unpaired
         _run(model, optimizer, [(torch.randn(2, 1, 16, 16), torch.tensor([0, 1]))])
         assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
-        assert not discovery.pending
+        assert not discovery.search.pending

@@ -112,12 +112,12 @@ def test_optimizer_built_after_train_is_paired_at_the_first_forward():
         model.train()
         optimizer = torch.optim.Adam(model.parameters())
         probe = Probe(model[0])
-        assert discovery._hooks  # searching while the optimizer is unpaired
+        assert discovery.search.hooks  # searching while the optimizer is unpaired
         out = model(torch.randn(2, 3, 8, 8))
         assert probe.last() == torch.bfloat16  # this very first call is accelerated
         assert out.dtype == torch.float32
         assert not amp.autocast_enabled()  # nothing leaks out of the call
-        assert not discovery._hooks and not discovery.pending
+        assert not discovery.search.hooks and not discovery.search.pending
         assert plan_of(model).optimizers == ["Adam"]
         out.sum().backward()
         optimizer.step()
@@ -142,7 +142,7 @@ def test_search_ends_at_the_first_step_when_no_model_is_found_and_says_so_once()
         with pytest.warns(NanopatchWarning, match="accelerated no model for SGD: no module holding its parameters"):
             (weight * 2).sum().backward()
             optimizer.step()
-        assert not discovery.pending and not discovery._hooks
+        assert not discovery.search.pending and not discovery.search.hooks
         entry = nanopatch.status()["targets"]["training"]["details"][-1]
         assert entry["model"] is None and entry["optimizers"] == ["SGD"] and "no module" in entry["stock"]
         with warnings.catch_warnings():
@@ -610,7 +610,7 @@ def test_training_hooks_are_exactly_undone():
     nanopatch.unpatch_torch()
     assert torch.optim.Optimizer.__dict__["__init__"] is stock_init
     assert nn.Module.__dict__["train"] is stock_train
-    assert not discovery._hooks and not discovery.pending
+    assert not discovery.search.hooks and not discovery.search.pending
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):

@@ -61,16 +61,35 @@ class _Watch:
     silent_steps: int = 0
 
 
-optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer seen, kept across unpatch
-pending: dict[int, _Pending] = {}  # id(optimizer) -> what is still unpaired of it
-watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Watch
-unaccelerated: list[dict[str, Any]] = []  # optimizers whose search found nothing to accelerate
-converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model made channels-last for DDP -> entry
-ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> (bf16, rank): IPEX before training
-_hooks: list[Any] = []  # the journal's entries for the global forward hooks while searching
-_outlived: list[Any] = []  # hook entries the journal let go of at unpatch, removed after the last call
-_inflight = [0]  # discovered calls running now, in every thread
-_later: list[Any] = []  # removals put off while torch iterates its hooks (see _discover_post)
+@dataclasses.dataclass(eq=False)
+class Search:
+    """The optimizer search's state: what is still unpaired, what was watched and found, and the
+    global forward hooks it runs while an optimizer waits for its model. One object, so that one
+    :func:`reset` forgets it (at unpatch) and a reader sees every piece of it here."""
+
+    #: every optimizer seen, kept across unpatch
+    optimizers: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
+    #: id(optimizer) -> what is still unpaired of it
+    pending: dict[int, _Pending] = dataclasses.field(default_factory=dict)
+    #: optimizer -> _Watch
+    watched: weakref.WeakKeyDictionary = dataclasses.field(default_factory=weakref.WeakKeyDictionary)
+    #: optimizers whose search found nothing to accelerate
+    unaccelerated: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: model made channels-last for DDP -> its journal entry
+    converted: weakref.WeakKeyDictionary = dataclasses.field(default_factory=weakref.WeakKeyDictionary)
+    #: optimizer -> (bf16, rank): IPEX applied before training
+    ahead: weakref.WeakKeyDictionary = dataclasses.field(default_factory=weakref.WeakKeyDictionary)
+    #: the journal's entries for the global forward hooks while searching
+    hooks: list[Any] = dataclasses.field(default_factory=list)
+    #: hook entries the journal let go of at unpatch, removed after the last call
+    outlived: list[Any] = dataclasses.field(default_factory=list)
+    #: discovered calls running now, in every thread
+    inflight: int = 0
+    #: removals put off while torch iterates its hooks (see _discover_post)
+    later: list[Any] = dataclasses.field(default_factory=list)
+
+
+search = Search()
 
 
 @contextlib.contextmanager
@@ -197,7 +216,7 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
     rank = mf.channels_last_rank(model)  # before IPEX swaps its convolutions for its own modules
     ipex.optimize(model, optimizer, bf16)
     with lock:
-        ahead[optimizer] = (bf16, rank)
+        search.ahead[optimizer] = (bf16, rank)
     return None
 
 
@@ -208,8 +227,8 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         plan.stock = f"nanopatch's accelerated forward failed its self-check on torch {torch.__version__}"
         log_once("stock", "%s runs stock: %s", plan.name, plan.stock, level=logging.WARNING, about=module)
         return
-    if optimizer in ahead:  # IPEX applied before training (the weights are IPEX's, bf16 ones included)
-        ahead_bf16, rank = ahead[optimizer]
+    if optimizer in search.ahead:  # IPEX applied before training (the weights are IPEX's, bf16 ones included)
+        ahead_bf16, rank = search.ahead[optimizer]
         plan.ipex = True
         plan.amp_dtype = torch.bfloat16 if ahead_bf16 else None
         if cfg.channels_last:  # IPEX laid the weights out; the inputs follow
@@ -361,7 +380,7 @@ def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                 rank = mf.channels_last_rank(module)
                 trains = any(p.requires_grad for p in module.parameters())
                 if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
-                    converted[module] = mf.convert_model(module, rank)
+                    search.converted[module] = mf.convert_model(module, rank)
                     logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
         except Exception:
             logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))
@@ -374,9 +393,9 @@ def _is_ipex(module: nn.Module) -> bool:
 
 def track(optimizer: torch.optim.Optimizer) -> None:
     """Start searching for the model ``optimizer`` trains."""
-    if config() is None or id(optimizer) in pending:
+    if config() is None or id(optimizer) in search.pending:
         return
-    optimizers.add(optimizer)
+    search.optimizers.add(optimizer)
     params = optimizer_params(optimizer)
     for model, plan in list(plans.items()):
         if plan.installed:
@@ -386,7 +405,7 @@ def track(optimizer: torch.optim.Optimizer) -> None:
                 pair(model, optimizer)
     if not params:
         return
-    pending[id(optimizer)] = _Pending(weakref.ref(optimizer), params)
+    search.pending[id(optimizer)] = _Pending(weakref.ref(optimizer), params)
     _start()
 
 
@@ -394,10 +413,10 @@ def _match(module: nn.Module) -> Plan | None:
     """Pair ``module`` with every pending optimizer it holds parameters of."""
     ids = None
     plan = None
-    for key, entry in list(pending.items()):
+    for key, entry in list(search.pending.items()):
         optimizer = entry.optimizer()
         if optimizer is None:
-            pending.pop(key, None)
+            search.pending.pop(key, None)
             continue
         if ids is None:
             ids = _param_ids(module)
@@ -407,12 +426,12 @@ def _match(module: nn.Module) -> Plan | None:
             plan = pair(module, optimizer) or plan
             entry.params -= ids
             if not entry.params:
-                pending.pop(key, None)
+                search.pending.pop(key, None)
     return plan
 
 
 def _start() -> None:
-    if _hooks:
+    if search.hooks:
         return
     from torch.nn.modules import module as module_mod
 
@@ -420,7 +439,7 @@ def _start() -> None:
         module_mod.register_module_forward_pre_hook(_discover_pre),
         module_mod.register_module_forward_hook(_discover_post, always_call=True),
     ):
-        _hooks.append(context().add_hook(handle, "torch.nn.modules.module: global forward hook (model search)"))
+        search.hooks.append(context().add_hook(handle, "torch.nn.modules.module: global forward hook (model search)"))
 
 
 def stop() -> None:
@@ -430,15 +449,15 @@ def stop() -> None:
     entered): the hooks go when the last such call ends. If unpatch comes first, the journal
     lets go of them (it would remove them now) and that call's hook removes them."""
     with lock:
-        if _inflight[0]:
+        if search.inflight:
             if config() is None:
-                for entry in _hooks:
+                for entry in search.hooks:
                     context().discard(entry, undo=False)
-                _outlived.extend(_hooks)
-                _hooks.clear()
+                search.outlived.extend(search.hooks)
+                search.hooks.clear()
             return
-        entries, _hooks[:] = list(_hooks), []
-        outlived, _outlived[:] = list(_outlived), []
+        entries, search.hooks[:] = list(search.hooks), []
+        outlived, search.outlived[:] = list(search.outlived), []
     for entry in entries:
         context().discard(entry)
     for entry in outlived:
@@ -452,7 +471,7 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     if compiling():
         return None
     _run_later()
-    if not pending or tls("busy", 0) or tls("calls", []) or not torch.is_grad_enabled() or module in plans:
+    if not search.pending or tls("busy", 0) or tls("calls", []) or not torch.is_grad_enabled() or module in plans:
         return None
     try:
         with lock:
@@ -479,7 +498,7 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     probe = fw.Probe().__enter__()
     tls("calls", []).append((module, context, dtype, plan, ddp, probe))
     with lock:
-        _inflight[0] += 1
+        search.inflight += 1
     return args
 
 
@@ -525,17 +544,17 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     # with "OrderedDict mutated during iteration". The removals wait for the next safe point.
     handling = _forward_raised()
     if handling:
-        _later.append(lambda: probe.__exit__(None, None, None))
+        search.later.append(lambda: probe.__exit__(None, None, None))
     else:
         probe.__exit__(None, None, None)
     if context is not None:
         context.__exit__(None, None, None)
     with lock:
-        _inflight[0] -= 1
-        last = not _inflight[0] and (not pending or config() is None)
+        search.inflight -= 1
+        last = not search.inflight and (not search.pending or config() is None)
     if last:
         if handling:
-            _later.append(stop)
+            search.later.append(stop)
         else:
             stop()
     if ddp is not None and result is not None:
@@ -551,9 +570,9 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
 
 
 def _watch(optimizer: Any, plan: Plan | None = None) -> None:
-    watch = watched.get(optimizer)
+    watch = search.watched.get(optimizer)
     if watch is None:
-        watch = watched[optimizer] = _Watch(type(optimizer).__name__)
+        watch = search.watched[optimizer] = _Watch(type(optimizer).__name__)
     if plan is not None and not any(ref() is plan for ref in watch.plans):
         watch.plans.append(weakref.ref(plan))
 
@@ -566,8 +585,8 @@ def step_pre(optimizer: Any, args: tuple, kwargs: dict) -> None:
 def _run_later() -> None:
     """The hook removals put off by :func:`_discover_post` (torch copies its hooks before it
     iterates them here)."""
-    while _later:
-        _later.pop(0)()
+    while search.later:
+        search.later.pop(0)()
 
 
 def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
@@ -576,9 +595,9 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
         return
     try:
         with lock:
-            if id(optimizer) in pending:
+            if id(optimizer) in search.pending:
                 _conclude(optimizer)
-            watch = watched.get(optimizer)
+            watch = search.watched.get(optimizer)
             if watch is not None and watch.plans:
                 _check_running(optimizer, watch)
                 for plan in (ref() for ref in watch.plans):
@@ -592,12 +611,12 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
 
 def _conclude(optimizer: Any) -> None:
     """The optimizer took its first step: the search for its model ends here."""
-    entry = pending.pop(id(optimizer), None)
-    if not pending:
+    entry = search.pending.pop(id(optimizer), None)
+    if not search.pending:
         stop()
     if entry is None:
         return
-    watch = watched.get(optimizer)
+    watch = search.watched.get(optimizer)
     live = [plan for plan in (ref() for ref in (watch.plans if watch else [])) if plan is not None]
     accelerated = [plan for plan in live if plan.stock is None]
     if accelerated:
@@ -622,7 +641,7 @@ def _conclude(optimizer: Any) -> None:
             "call the model as model(inputs), not model.forward(inputs) or a functional call, "
             "or switch the patch off for this script (training=False)"
         )
-    unaccelerated.append({"optimizer": name, "reason": why})
+    search.unaccelerated.append({"optimizer": name, "reason": why})
     warn_once("unaccelerated", f"nanopatch accelerated no model for {name}: {why}; {advice}", about=optimizer)
 
 
@@ -632,7 +651,7 @@ def _check_running(optimizer: Any, watch: _Watch) -> None:
     live = [plan for plan in (ref() for ref in watch.plans) if plan is not None and plan.stock is None]
     if not live:
         return
-    calls = sum(plan.training_calls for plan in live)
+    calls = sum(plan.seen.training_calls for plan in live)
     if calls != watch.calls:
         watch.calls = calls
         watch.silent_steps = 0
@@ -641,7 +660,7 @@ def _check_running(optimizer: Any, watch: _Watch) -> None:
     if watch.silent_steps == SILENT_STEPS:
         names = ", ".join(plan.name for plan in live)
         why = f"the accelerated forward of {names} did not run in the last {SILENT_STEPS} steps of {watch.name}"
-        unaccelerated.append({"optimizer": watch.name, "reason": why})
+        search.unaccelerated.append({"optimizer": watch.name, "reason": why})
         warn_once(
             "silent",
             f"nanopatch: {why}; the model is trained through another path (e.g. model.forward(...) "
@@ -670,21 +689,21 @@ def scan() -> None:
     # finds them (in C: several times faster than testing every object, on each patched()).
     for obj in gc.get_referrers(*classes):
         if type(obj) in classes:  # type(): no __class__ lookup on proxies
-            optimizers.add(obj)
-    for optimizer in list(optimizers):
+            search.optimizers.add(obj)
+    for optimizer in list(search.optimizers):
         track(optimizer)
 
 
 def reset() -> None:
     """Forget the search (at unpatch)."""
-    pending.clear()
+    search.pending.clear()
     _run_later()
     stop()
-    watched.clear()
-    unaccelerated.clear()
-    for change in list(converted.values()):
+    search.watched.clear()
+    search.unaccelerated.clear()
+    for change in list(search.converted.values()):
         context().discard(change)
-    converted.clear()
+    search.converted.clear()
 
 
 def training_now() -> bool:
@@ -695,4 +714,4 @@ def training_now() -> bool:
     models = [m for m, plan in list(plans.items()) if plan.installed or plan.stock is not None]
     if models:
         return any(m.training for m in models)
-    return bool(pending)
+    return bool(search.pending)

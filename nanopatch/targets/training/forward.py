@@ -91,7 +91,7 @@ class AcceleratedForward(_InstanceForward):
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
             forward = data_parallel().through(plan.ddp, forward)
-        probe = Probe() if training and (plan.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
+        probe = Probe() if training and (plan.seen.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
         masks = _fast_masks(plan) if training else _nothing
         with probe if probe is not None else _nothing, masks:
             if dtype is None:
@@ -146,8 +146,8 @@ class _FastMasks:
     def __exit__(self, *exc: Any) -> None:
         self._region.__exit__(*exc)
         if self._region.fast:
-            self._plan.fast_dropout = True
-            self._plan.dropout_method = dropout.method()
+            self._plan.seen.fast_dropout = True
+            self._plan.seen.dropout_method = dropout.method()
 
 
 def _fast_masks(plan: Plan) -> Any:
@@ -199,7 +199,7 @@ def observe(plan: Plan, probe: Probe | None, dtype: torch.dtype | None) -> None:
         source = "framework"
     else:
         source = None
-    plan.observe(probe.dtype if probe is not None else None, source)
+    plan.seen.observe(probe.dtype if probe is not None else None, source)
 
 
 def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:

@@ -62,7 +62,7 @@ def _patch(ctx: engine.Context) -> None:
 
     config = ctx.config
     assert config is not None
-    state["ctx"], state["config"] = ctx, config
+    state.ctx, state.config = ctx, config
     ctx.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     ctx.wrap(nn.Module, "__getstate__", fw.module_getstate)
     ctx.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
@@ -110,14 +110,14 @@ def _keep_freed_memory(ctx: engine.Context) -> None:
     done, what = malloc.keep_freed_memory()
     if done:
         ctx.on_undo(malloc.restore_defaults, what)
-        state["malloc"] = what
+        state.malloc = what
     log_once("malloc-reuse", "%s" if done else "malloc left as it is: %s", what)
 
 
 def _unpatch() -> None:
     with lock:
-        state["config"] = None
-        state["malloc"] = None
+        state.config = None
+        state.malloc = None
         for model, plan in list(plans.items()):
             if plan.installed:
                 discovery.uninstall(model, plan)
@@ -151,7 +151,7 @@ def describe() -> list[dict[str, Any]]:
     for ``nanopatch.status()``."""
     with lock:
         found = [plan.describe() for plan in list(plans.values())]
-        for entry in discovery.unaccelerated:
+        for entry in discovery.search.unaccelerated:
             found.append({"model": None, "optimizers": [entry["optimizer"]], "stock": entry["reason"]})
         return found
 
@@ -165,12 +165,12 @@ def self_checks() -> list[dict[str, Any]]:
 def malloc_reuse() -> str | None:
     """What glibc's malloc was told to keep freed memory for reuse, while patched (None: left
     alone: another allocator, the user's own tuning, or the option off)."""
-    return state["malloc"]
+    return state.malloc
 
 
 def summary() -> list[str]:
     """What training ran with, one line per model or unaccelerated optimizer."""
     with lock:
         lines = [plan.summary() for plan in list(plans.values())]
-        lines.extend(f"{e['optimizer']}: no model accelerated ({e['reason']})" for e in discovery.unaccelerated)
+        lines.extend(f"{e['optimizer']}: no model accelerated ({e['reason']})" for e in discovery.search.unaccelerated)
         return lines

@@ -41,10 +41,19 @@ def data_parallel() -> Any:
     return _engines.get("data_parallel")
 
 
-#: the training target's context (``ctx``: its journal, kept from its first patch on), the options
-#: in force while it is applied (``config``, from that context; else None), and what glibc's
-#: malloc was told while patched (``malloc``: None where it was left alone)
-state: dict[str, Any] = {"ctx": None, "config": None, "malloc": None}
+@dataclasses.dataclass(eq=False)
+class State:
+    """The training target's own state besides its plans."""
+
+    #: its context (its journal), kept from its first patch on
+    ctx: engine.Context | None = None
+    #: the options in force while it is applied (from that context), else None
+    config: Any = None
+    #: what glibc's malloc was told while patched (None where it was left alone)
+    malloc: str | None = None
+
+
+state = State()
 
 #: model -> Plan, for every model nanopatch found while patched (IPEX ones also after)
 plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -55,13 +64,13 @@ logger = logging.getLogger("nanopatch")
 
 def config() -> Any:
     """The options in force while the training target is applied, else None."""
-    return state["config"]
+    return state.config
 
 
 def context() -> engine.Context:
     """The training target's context: every change training makes after its patch() goes through
     it (a model's forward, a hook, an optimizer's flags), filed under the target."""
-    ctx = state["ctx"]
+    ctx = state.ctx
     if ctx is None:
         raise RuntimeError("nanopatch: the training target has not been applied")
     return ctx
@@ -82,45 +91,56 @@ def tls(name: str, default: Any) -> Any:
 
 
 @dataclasses.dataclass(eq=False)
-class Plan:
-    """What nanopatch did to one model, and how its forward runs."""
+class Seen:
+    """What one model's training calls were seen to do (observed on each call in grad and training
+    mode, not planned)."""
 
-    name: str
-    amp_dtype: torch.dtype | None = None  # bf16 autocast dtype, None = off
-    amp_eval: bool = True
-    rank: int | None = None  # channels-last rank (4 or 5) applied, None = untouched
-    ipex: bool = False  # IPEX-optimized (cannot be undone)
-    compile_mode: str | bool = False  # the forward's next training call: compiled with this mode, or eager
-    compiled: Any = None
-    compile_trial: Any = None  # compile="auto"'s measurement while it runs (compile_choice.CompileTrial)
-    compile_choice: str | None = None  # compile="auto"'s decision and its figures, once made
-    optimizers: list[str] = dataclasses.field(default_factory=list)
-    fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
-    heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
-    stock: str | None = None  # why this model runs stock, if it does
-    notes: list[str] = dataclasses.field(default_factory=list)
-    installed: bool = False
-    previous_forward: Any = engine.NOTSET
-    setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
-    ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
-    layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
-    # observed on training calls (grad mode, training mode)
     training_calls: int = 0
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
-    masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     # how large masks drew their words (dropout.method: hashed or not, generator and hash ms, words timed)
     dropout_method: tuple[bool, float, float, int] | None = None
-    trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
-    bf16_measured: str | None = None  # the trial's decision, once made
-    reprobe: bool = False  # probe the next training call (what it computes in changed)
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
         self.autocast = autocast
         if dtype is not None:
             self.computed_in = str(dtype).replace("torch.", "")
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """What nanopatch decided for one model and did to it, and how its forward runs; what its
+    training calls were seen to do is :attr:`seen`."""
+
+    name: str
+    # decided
+    amp_dtype: torch.dtype | None = None  # bf16 autocast dtype, None = off
+    amp_eval: bool = True
+    rank: int | None = None  # channels-last rank (4 or 5) applied, None = untouched
+    ipex: bool = False  # IPEX-optimized (cannot be undone)
+    compile_mode: str | bool = False  # the forward's next training call: compiled with this mode, or eager
+    compile_choice: str | None = None  # compile="auto"'s decision and its figures, once made
+    masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
+    bf16_measured: str | None = None  # the bf16 trial's decision, once made
+    stock: str | None = None  # why this model runs stock, if it does
+    optimizers: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    # what carries the decisions out
+    compiled: Any = None
+    compile_trial: Any = None  # compile="auto"'s measurement while it runs (compile_choice.CompileTrial)
+    trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
+    fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
+    heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
+    installed: bool = False
+    previous_forward: Any = engine.NOTSET
+    setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
+    ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
+    layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
+    reprobe: bool = False  # probe the next training call (what it computes in changed)
+    # seen
+    seen: Seen = dataclasses.field(default_factory=Seen)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -135,19 +155,19 @@ class Plan:
             "fp32_heads": len(self.heads),
             "stock": self.stock,
             "notes": list(self.notes),
-            "training_calls": self.training_calls,
-            "computed_in": self.computed_in,
-            "autocast": self.autocast,
-            "fast_dropout": self.fast_dropout,
-            "dropout_words": self._dropout_words() if self.fast_dropout else None,
+            "training_calls": self.seen.training_calls,
+            "computed_in": self.seen.computed_in,
+            "autocast": self.seen.autocast,
+            "fast_dropout": self.seen.fast_dropout,
+            "dropout_words": self._dropout_words() if self.seen.fast_dropout else None,
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
             "compile_choice": self._compile_state(),
         }
 
     def _dropout_words(self) -> str | None:
-        if self.dropout_method is None:
+        if self.seen.dropout_method is None:
             return None
-        hashed, generator_ms, hash_ms, words = self.dropout_method
+        hashed, generator_ms, hash_ms, words = self.seen.dropout_method
         return (
             f"{'counter hash' if hashed else 'torch generator'} "
             f"({hash_ms:.2f} ms against the generator's {generator_ms:.2f} per {words} words)"
@@ -165,22 +185,22 @@ class Plan:
         if self.stock is not None:
             return f"{self.name}: stock ({self.stock})"
         parts = []
-        if self.computed_in:
-            source = f", {self.autocast} autocast" if self.autocast else ""
-            parts.append(f"computed in {self.computed_in}{source}")
+        if self.seen.computed_in:
+            source = f", {self.seen.autocast} autocast" if self.seen.autocast else ""
+            parts.append(f"computed in {self.seen.computed_in}{source}")
         if self.rank is not None:
             parts.append("channels-last")
         if self.ipex:
             parts.append("IPEX")
-        if self.fast_dropout:
-            hashed = self.dropout_method is not None and self.dropout_method[0]
+        if self.seen.fast_dropout:
+            hashed = self.seen.dropout_method is not None and self.seen.dropout_method[0]
             parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         parts.extend(note for note in self.notes if note.endswith(" step"))
         if self.ddp is not None:
             parts.append("data-parallel")
-        calls = f"{self.training_calls} training call{'s' if self.training_calls != 1 else ''}"
+        calls = f"{self.seen.training_calls} training call{'s' if self.seen.training_calls != 1 else ''}"
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
 
 
