@@ -22,6 +22,14 @@ Both nanopatch variants decode only RandomResizedCrop's box where libturbojpeg i
 without it on such a machine, run with ``NANOPATCH_CROP_DECODE=0``.
 * ``albumentations``: the equivalent albumentations pipelines on ``cv2.imread`` + BGR2RGB over the
   same files (left out, with a note, when albumentations is not installed).
+* ``tv tensors``: torchvision's tensor path, as its docs advise: ``torchvision.io.decode_jpeg`` to a
+  uint8 CHW tensor, then the same pipelines in ``transforms.v2`` (antialiased resizes,
+  ``ToDtype(float32, scale=True)``, ``Normalize``); ``tv tensors, nanopatch``: the same under
+  ``patch_torch(training=False)``, checked to leave its values as they are.
+* ``torchcodec``: that path decoded by TorchCodec's ``decode_image`` (what torchvision 0.29's
+  deprecation of its decoders points to); ``kornia``: ``kornia.io.load_image`` and
+  ``kornia.augmentation`` on a float batch of one. Each left out, with a note, where it does not
+  import.
 
 Every variant builds its own pipelines and ImageFolder in its own patch state (stock ones with
 nothing patched, nanopatch ones after ``patch_torch()``) and runs in that state: the state is

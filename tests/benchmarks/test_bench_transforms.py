@@ -1,12 +1,14 @@
 """bench/transforms.py runs end to end on a few generated JPEGs, one process, one round: every
 variant the bench names (stock, nanopatch, fast decode, torchvision's tensor path stock and under
-nanopatch, albumentations where installed) has a row per pipeline, each says what it really ran,
-and the pixel checks hold: nanopatch's tensors equal stock's within one grey level, and the tensor
-path under nanopatch equals the tensor path."""
+nanopatch, TorchCodec's decode on that path, Kornia, albumentations where installed) has a row per
+pipeline, each says what it really ran, and the pixel checks hold: nanopatch's tensors equal
+stock's within one grey level, and the tensor path under nanopatch equals the tensor path; the
+peers' pixels are stated."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import REPO_ROOT, run_python
 
@@ -22,6 +24,12 @@ def test_tiny_run_of_every_variant_with_the_tensor_path(tmp_path):
     variants = ["stock", "nanopatch", "nanopatch fast decode", "tv tensors", "tv tensors, nanopatch"]
     if report["machine"]["albumentations"]:  # installed where the bench ran
         variants.insert(3, "albumentations")
+    # tox's py env installs TorchCodec and Kornia (tox.ini): there their columns must be there
+    peers_required = os.environ.get("NANOPATCH_TEST_REQUIRE_FRAMEWORKS") == "1"
+    for peer in ("torchcodec", "kornia"):
+        assert report["machine"][peer] or not peers_required, report["notes"]
+        if report["machine"][peer]:
+            variants.append(peer)
     assert list(report["implementations"]) == variants
     tensor = report["implementations"]["tv tensors"]
     assert tensor["state"] == "nothing patched" and tensor["uses"] == "transforms.v2 on uint8 tensors"
@@ -37,3 +45,13 @@ def test_tiny_run_of_every_variant_with_the_tensor_path(tmp_path):
         assert check["tensor_path_nanopatch_max_abs_diff"] <= check["tolerance"]
         # v2 on tensors resizes with its own kernel: close to PIL's, not equal; stated, not hidden
         assert 0 <= check["tensor_path_mean_grey_levels"] < 2 and check["tensor_path_max_grey_levels"] >= 0
+        if "torchcodec" in variants:  # the same v2 pipeline and draws on TorchCodec's decode
+            assert 0 <= check["torchcodec_mean_grey_levels"] < 2
+        if "kornia" in variants:  # its own crops: its pixels compared on val alone
+            assert ("kornia_mean_grey_levels" in check) == (pipeline == "val")
+    if "torchcodec" in variants:
+        codec = report["implementations"]["torchcodec"]
+        assert codec["state"] == "nothing patched" and "torchcodec.decoders.decode_image" in codec["reads"]
+    if "kornia" in variants:
+        kornia = report["implementations"]["kornia"]
+        assert "kornia.augmentation" in " ".join(kornia["transform_classes"])

@@ -9,7 +9,9 @@ from typing import Any
 
 from families.transforms.pipelines import (
     ALBU,
+    CODEC,
     FAST,
+    KORNIA,
     MAX_GREY_LEVELS,
     MEAN_TOLERANCE,
     NANOPATCH,
@@ -66,7 +68,10 @@ def where(obj: Any) -> str:
 
 
 def transform_classes(transform: Any) -> list[type]:
+    """The pipeline's class and its steps' (a Compose's ``transforms``, an nn.Sequential's modules)."""
     inner = getattr(transform, "transforms", None)
+    if inner is None and hasattr(transform, "children"):
+        inner = list(transform.children())
     return [type(transform), *(type(t) for t in inner or [])]
 
 
@@ -88,6 +93,14 @@ def implementation(variant: str, datasets: dict[str, Any], states: PatchStates) 
     if variant in (TENSOR, TENSOR_NP):
         info["reads"] = "torchvision.io.decode_jpeg(read_file(path), RGB) -> uint8 CHW tensor"
         info["uses"] = "transforms.v2 on uint8 tensors"
+        return info
+    if variant == CODEC:
+        info["reads"] = "torchcodec.decoders.decode_image(path, mode='RGB') -> uint8 CHW tensor"
+        info["uses"] = "TorchCodec + transforms.v2 on uint8 tensors"
+        return info
+    if variant == KORNIA:
+        info["reads"] = "kornia.io.load_image(path, RGB8) -> float (1, C, H, W) in [0, 1]"
+        info["uses"] = "kornia.augmentation on float tensors"
         return info
 
     import torchvision
@@ -202,5 +215,14 @@ def verify(sets: dict, paths: dict, states: PatchStates) -> dict[str, Any]:
                 f"{float(under.max()):.4f}"
             )
             check["tensor_path_nanopatch_max_abs_diff"] = float(under.max())
+        if CODEC in got:  # the same v2 pipeline and draws on TorchCodec's decode
+            codec = grey_levels(stock, got[CODEC])
+            check["torchcodec_mean_grey_levels"] = float(codec.mean())
+            check["torchcodec_p99_grey_levels"] = float(np.percentile(codec, 99))
+            check["torchcodec_max_grey_levels"] = float(codec.max())
+        if KORNIA in got and pipeline == "val":  # Kornia draws its crops its own way: val only
+            kornia = grey_levels(stock, got[KORNIA])
+            check["kornia_mean_grey_levels"] = float(kornia.mean())
+            check["kornia_p99_grey_levels"] = float(np.percentile(kornia, 99))
         checks[f"{pipeline}|{size_name(size)}"] = check
     return checks

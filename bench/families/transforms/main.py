@@ -11,7 +11,7 @@ import harness as h
 
 from families.decode import dataset as decode_dataset
 from families.decode import processes as decode_processes
-from families.transforms.pipelines import LARGE, PIPELINES, SMALL, dataset_files, size_name
+from families.transforms.pipelines import LARGE, OPTIONAL, PIPELINES, SMALL, dataset_files, size_name
 from families.transforms.summary import print_report, summarise
 from families.transforms.worker import run_workers, worker
 
@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
 
     log = h.log
     started = time.perf_counter()
-    if importlib.util.find_spec("albumentations") is None:
-        log("albumentations is not installed: running without the albumentations column")
+    for module in OPTIONAL.values():
+        if importlib.util.find_spec(module) is None:
+            log(f"{module} is not installed: running without the {module} column")
     files = dataset_files(args.data, {SMALL: args.small, LARGE: args.large}, generate=True, log=log)
     reports = run_workers(args, log)
     rows = summarise(reports, list(files), args.pipelines, args.clock)

@@ -22,12 +22,17 @@ MEAN_TOLERANCE = 0.5 / 255 / min(STD)
 STOCK, NANOPATCH, FAST, ALBU = "stock", "nanopatch", "nanopatch fast decode", "albumentations"
 #: torchvision's tensor path, as its docs advise: decode to a uint8 tensor, transforms.v2 on it
 TENSOR, TENSOR_NP = "tv tensors", "tv tensors, nanopatch"
-VARIANTS = (STOCK, NANOPATCH, FAST, ALBU, TENSOR, TENSOR_NP)
+#: the same tensor path decoded by TorchCodec (torchvision 0.29's advice), and Kornia on CPU
+CODEC, KORNIA = "torchcodec", "kornia"
+VARIANTS = (STOCK, NANOPATCH, FAST, ALBU, TENSOR, TENSOR_NP, CODEC, KORNIA)
+#: the variants that run a peer library, left out (with a note) where it is not installed:
+#: variant -> the module whose import says so
+OPTIONAL = {ALBU: "albumentations", CODEC: "torchcodec", KORNIA: "kornia"}
 PATCHED = (NANOPATCH, FAST)
 #: the variants that run under patch_torch()
 UNDER_NANOPATCH = (NANOPATCH, FAST, TENSOR_NP)
 #: the variants whose pixels differ from stock by design (another resize, their own random draws)
-OTHER_PIXELS = (ALBU, TENSOR, TENSOR_NP)
+OTHER_PIXELS = (ALBU, TENSOR, TENSOR_NP, CODEC, KORNIA)
 CLASS_DIR = "photo"  # the ImageFolder's one class
 #: (variant, pipeline, size) -> minimum ratio vs stock, from the issue. Printed, never asserted.
 TARGETS: dict[tuple[str, str, tuple[int, int]], float] = {
@@ -90,9 +95,12 @@ def tensor_pipeline(name: str):
     return v2.Compose([*steps, *tail])
 
 
-def files_dataset(samples: list[tuple[str, int]], read, transform, albumentations: bool = False):
+def files_dataset(
+    samples: list[tuple[str, int]], read, transform, albumentations: bool = False, batch_of_one: bool = False
+):
     """A Dataset over the ImageFolder's (path, class) samples: ``transform(read(path))``, or
-    ``transform(image=read(path))["image"]`` as albumentations is called."""
+    ``transform(image=read(path))["image"]`` as albumentations is called; with ``batch_of_one``
+    the output's batch dimension dropped (Kornia)."""
     from torch.utils.data import Dataset
 
     class FilesDataset(Dataset):
@@ -107,6 +115,8 @@ def files_dataset(samples: list[tuple[str, int]], read, transform, albumentation
             image = read(path)
             if albumentations:
                 return self.transform(image=image)["image"], target
+            if batch_of_one:
+                return self.transform(image).squeeze(0), target
             return self.transform(image), target
 
     return FilesDataset()
@@ -125,6 +135,42 @@ def tensor_dataset(samples: list[tuple[str, int]], transform):
             return io.decode_jpeg(io.read_file(path), mode=io.ImageReadMode.RGB)
 
     return files_dataset(samples, read, transform)
+
+
+def torchcodec_dataset(samples: list[tuple[str, int]], transform):
+    """The tensor path as torchvision 0.29's deprecation notice points users: each file decoded by
+    TorchCodec's ``decode_image`` (RGB, uint8 CHW), then the same ``transforms.v2`` pipeline."""
+    from torchcodec.decoders import decode_image
+
+    return files_dataset(samples, lambda path: decode_image(path, mode="RGB"), transform)
+
+
+def kornia_pipeline(name: str):
+    """The pipeline in Kornia's augmentation modules, on float (1, C, H, W) batches in [0, 1] as
+    Kornia takes them. ColorJitter gets p=1 (torchvision's always applies); val resizes the short
+    side to 256 with antialiasing, as torchvision's Resize(256) does."""
+    import torch
+    from kornia import augmentation as K
+
+    normalize = K.Normalize(mean=torch.tensor(MEAN), std=torch.tensor(STD))
+    if name == "val":
+        steps = [K.Resize(256, side="short", antialias=True), K.CenterCrop(224)]
+    else:
+        steps = [K.RandomResizedCrop((224, 224)), K.RandomHorizontalFlip()]
+        if name == "train+jitter":
+            steps.append(K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=1.0))
+    return torch.nn.Sequential(*steps, normalize)
+
+
+def kornia_dataset(samples: list[tuple[str, int]], transform):
+    """What Kornia users write: ``kornia.io.load_image`` (kornia-rs's decoder) to uint8 CHW, scaled
+    to a float batch of one, the augmentations on it, the batch dimension dropped."""
+    from kornia.io import ImageLoadType, load_image
+
+    def read(path: str):
+        return load_image(path, ImageLoadType.RGB8, device="cpu").float().div_(255).unsqueeze(0)
+
+    return files_dataset(samples, read, transform, batch_of_one=True)
 
 
 def albumentations_pipeline(name: str):

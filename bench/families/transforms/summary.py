@@ -68,7 +68,8 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
     info = reports[0]["machine"]
     libraries = [
         f"Pillow {info['pillow']} (libjpeg_turbo {info['pillow_libjpeg_turbo_version']}), OpenCV {info['opencv']}, "
-        f"albumentations {info['albumentations'] or '(not installed)'}, PyTurboJPEG {info['pyturbojpeg']}"
+        f"albumentations {info['albumentations'] or '(not installed)'}, PyTurboJPEG {info['pyturbojpeg']}, "
+        f"TorchCodec {info.get('torchcodec') or '(not installed)'}, Kornia {info.get('kornia') or '(not installed)'}"
     ]
     decode_processes.print_setup(args.cpu, reports, data, libraries)
     print("What each variant runs (class and function identity, checked in every process):")
@@ -136,7 +137,7 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
     header = (
         f"  {'pipeline':<14}{'size':<11}{'nanopatch max / mean |diff|':>30}{'(tolerance)':>13}"
         f"{'fast decode mean / p99 / max grey':>36}{'albumentations mean / p99 grey':>34}"
-        f"{'tv tensors mean / p99 / max grey':>36}"
+        f"{'tv tensors mean / p99 / max grey':>36}{'torchcodec mean / p99 / max':>31}{'kornia mean / p99':>19}"
     )
     print(header)
     for key, check in reports[0]["checks"].items():
@@ -157,8 +158,21 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
                 f"{check['tensor_path_mean_grey_levels']:.2f} / {check['tensor_path_p99_grey_levels']:.1f}"
                 f" / {check['tensor_path_max_grey_levels']:.0f}"
             )
+        codec = ""
+        if "torchcodec_mean_grey_levels" in check:
+            codec = (
+                f"{check['torchcodec_mean_grey_levels']:.2f} / {check['torchcodec_p99_grey_levels']:.1f}"
+                f" / {check['torchcodec_max_grey_levels']:.0f}"
+            )
+        if "kornia_mean_grey_levels" in check:
+            kornia = f"{check['kornia_mean_grey_levels']:.2f} / {check['kornia_p99_grey_levels']:.1f}"
+        else:
+            kornia = "own RNG" if "kornia" in reports[0]["implementations"] else ""
         allowed = f"({check['tolerance']:.4f})"
-        print(f"  {pipeline:<14}{size:<11}{nano:>30}{allowed:>13}{fast:>36}{albu:>34}{tensor:>36}".rstrip())
+        print(
+            f"  {pipeline:<14}{size:<11}{nano:>30}{allowed:>13}{fast:>36}{albu:>34}{tensor:>36}{codec:>31}"
+            f"{kornia:>19}".rstrip()
+        )
     print()
     for note in reports[0]["notes"]:
         print(f"Note: {note}.")
@@ -168,5 +182,7 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
         f"stock runs torchvision only, the nanopatch variants go through nanopatch (loader fast path taken), "
         f"nanopatch's tensors == stock's within one grey level, and the tensor path's under nanopatch == its own "
         f"stock. tv tensors: torchvision.io.decode_jpeg + transforms.v2 on uint8 tensors (another resize than "
-        f"PIL's: its pixels differ from stock's by design). Run took {elapsed:.0f} s."
+        f"PIL's: its pixels differ from stock's by design); torchcodec: TorchCodec's decode_image and the same "
+        f"transforms.v2 pipeline; kornia: kornia.io + kornia.augmentation on float tensors (batch of one), its "
+        f"crops drawn its own way. Run took {elapsed:.0f} s."
     )

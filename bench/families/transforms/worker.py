@@ -18,7 +18,10 @@ from families.decode import processes as decode_processes
 from families.transforms.checks import PatchStates, implementation, verify
 from families.transforms.pipelines import (
     ALBU,
+    CODEC,
+    KORNIA,
     LARGE,
+    OPTIONAL,
     PATCHED,
     SEED,
     SMALL,
@@ -29,10 +32,13 @@ from families.transforms.pipelines import (
     albumentations_dataset,
     albumentations_pipeline,
     dataset_files,
+    kornia_dataset,
+    kornia_pipeline,
     reseed,
     size_name,
     tensor_dataset,
     tensor_pipeline,
+    torchcodec_dataset,
     torchvision_pipeline,
 )
 
@@ -103,19 +109,13 @@ def worker(args: argparse.Namespace) -> int:
     cv2.setNumThreads(1)
     files = dataset_files(args.data, {SMALL: args.small, LARGE: args.large}, generate=False)
     notes = []
-    try:
-        import albumentations
-
-        albu_version = albumentations.__version__
-    except ImportError as exc:
-        albu_version = None
-        notes.append(f"albumentations is not installed ({exc}): no albumentations column")
+    versions = {variant: peer_version(module, notes) for variant, module in OPTIONAL.items()}
 
     states = PatchStates()  # nothing patched after this
     sets: dict[tuple[str, tuple[int, int]], dict[str, Any]] = {}
     by_variant: dict[str, dict[str, Any]] = {}  # variant -> {"pipeline size": dataset}
     for variant in VARIANTS:
-        if variant == ALBU and albu_version is None:
+        if variant in OPTIONAL and versions[variant] is None:
             continue
         states.enter(variant)  # each variant builds its own pipelines and ImageFolders in its own state
         for size, (root, paths) in files.items():
@@ -126,6 +126,12 @@ def worker(args: argparse.Namespace) -> int:
                 elif variant in (TENSOR, TENSOR_NP):
                     stock = sets[(pipeline, size)][STOCK]
                     dataset = tensor_dataset(stock.samples, tensor_pipeline(pipeline))
+                elif variant == CODEC:
+                    stock = sets[(pipeline, size)][STOCK]
+                    dataset = torchcodec_dataset(stock.samples, tensor_pipeline(pipeline))
+                elif variant == KORNIA:
+                    stock = sets[(pipeline, size)][STOCK]
+                    dataset = kornia_dataset(stock.samples, kornia_pipeline(pipeline))
                 else:
                     dataset = torchvision.datasets.ImageFolder(str(root), transform=torchvision_pipeline(pipeline))
                     found = sorted(Path(p) for p, _ in dataset.samples)
@@ -142,13 +148,27 @@ def worker(args: argparse.Namespace) -> int:
     load_before = h.load_average()
     results, passes = measure(sets, states, args.rounds, args.worker_offset, args.sample_time)
     info = decode_processes.machine(args.cpu)
-    info["albumentations"] = albu_version
+    info["albumentations"] = versions[ALBU]
+    info["torchcodec"] = versions[CODEC]
+    info["kornia"] = versions[KORNIA]
     info["torch_threads"] = torch.get_num_threads()
     info["opencv_threads"] = cv2.getNumThreads()
     info["loadavg"] = {"before": load_before, "after": h.load_average()}
     report = {"machine": info, "implementations": impls, "checks": checks, "notes": notes, "passes": passes}
     json.dump({**report, **results}, result_stream)
     return 0
+
+
+def peer_version(module: str, notes: list[str]) -> str | None:
+    """The version of the peer library ``module``, or None (and a note) where it does not import:
+    not installed, or (TorchCodec) built for another torch."""
+    import importlib
+
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception as exc:  # ImportError, or a native library that will not load beside this torch
+        notes.append(f"{module} does not import here ({type(exc).__name__}: {str(exc)[:120]}): no {module} column")
+        return None
 
 
 def run_workers(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
