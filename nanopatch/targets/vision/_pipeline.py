@@ -68,7 +68,17 @@ class Fast:
         pixels travel as ndarrays whatever this says: the caller gave a PIL image or a file.)"""
         return False
 
+    def _nanopatch_tensor(self, image: torch.Tensor) -> Any:
+        """The step on a lone image tensor, where a class has faster kernels with stock's values
+        for it (v2's ColorJitter on uint8); NotImplemented runs stock's call."""
+        return NotImplemented
+
     def _nanopatch_call(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            done = self._nanopatch_tensor(args[0])
+            if done is not NotImplemented:
+                usage.record("transforms")
+                return done
         px = Pixels.accept(args[0]) if len(args) == 1 and not kwargs else None
         if (
             px is None

@@ -1,0 +1,126 @@
+"""v2's ColorJitter on uint8 image tensors (torchvision's advised tensor path) under nanopatch:
+v2's values (brightness and contrast equal, hue within one level on every colour), the same
+random draws, stock's type, and stock's own kernels for every input the fast kernels do not take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F2
+
+import nanopatch
+from nanopatch.targets.vision import _tensor_color
+
+
+def all_colours(rows=slice(None)) -> torch.Tensor:
+    """Every 24-bit colour as a (3, 4096, 4096) uint8 image (rows of it)."""
+    c = np.arange(1 << 24, dtype=np.uint32).reshape(4096, 4096)[rows]
+    return torch.from_numpy(np.ascontiguousarray(np.stack([c >> 16, (c >> 8) & 255, c & 255]).astype(np.uint8)))
+
+
+def noise(shape, seed=0) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def levels_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.int() - b.int()).abs().max())
+
+
+def test_hue_within_one_level_of_v2_on_every_colour():
+    assert _tensor_color.hue_usable()
+    for factor, rows in (
+        (0.1, slice(0, 2048)),
+        (-0.3, slice(2048, 4096)),
+        (0.5, slice(0, 1024)),
+        (-1e-9, slice(1024, 2048)),
+    ):
+        image = all_colours(rows)
+        got = _tensor_color.adjust_hue(image, factor)
+        expected = F2.adjust_hue_image(image, hue_factor=factor)
+        assert levels_apart(got, expected) <= 1, factor
+        assert (got != expected).float().mean() < 1e-3, factor  # a value at a level's edge, rarely
+
+
+@pytest.mark.parametrize("shape", [(3, 224, 224), (3, 37, 53), (3, 5, 7), (3, 1, 1)])
+@pytest.mark.parametrize("factor", [0.0, 0.6, 1.0, 1.37, 2.5])
+def test_brightness_and_contrast_tables_equal_v2(shape, factor):
+    image = noise(shape, seed=shape[1] * 7 + int(factor * 100))
+    assert torch.equal(_tensor_color.adjust_brightness(image, factor), F2.adjust_brightness_image(image, factor))
+    assert torch.equal(_tensor_color.adjust_contrast(image, factor), F2.adjust_contrast_image(image, factor))
+
+
+def test_bad_factors_raise_what_v2_raises():
+    image = noise((3, 8, 8))
+    for kernel, stock in (
+        (_tensor_color.adjust_brightness, F2.adjust_brightness_image),
+        (_tensor_color.adjust_contrast, F2.adjust_contrast_image),
+        (_tensor_color.adjust_hue, F2.adjust_hue_image),
+    ):
+        with pytest.raises(ValueError) as expected:
+            stock(image, 0.9 if stock is F2.adjust_hue_image else -0.5)
+        with pytest.raises(ValueError) as got:
+            kernel(image, 0.9 if stock is F2.adjust_hue_image else -0.5)
+        assert str(got.value) == str(expected.value)
+
+
+@pytest.fixture
+def patched_vision():
+    with nanopatch.patched(training=False):
+        yield
+
+
+def jitter_both(make_input, seed: int, **kwargs):
+    """Stock's and the patched ColorJitter's outputs for the same seed, and whether each left
+    torch's generator in the same state."""
+    with nanopatch.unpatched():
+        stock = v2.ColorJitter(**kwargs)
+        torch.manual_seed(seed)
+        expected = stock(make_input())
+        after_stock = torch.rand(3)
+    torch.manual_seed(seed)
+    fast = v2.ColorJitter(**kwargs)
+    assert type(fast).__module__.startswith("nanopatch.")
+    got = fast(make_input())
+    return expected, got, torch.equal(after_stock, torch.rand(3))
+
+
+@pytest.mark.parametrize("wrap", [lambda t: t, tv_tensors.Image], ids=["tensor", "tv_tensors.Image"])
+def test_color_jitter_on_a_uint8_tensor_gives_v2s_values_type_and_draws(patched_vision, wrap):
+    image = noise((3, 64, 48), seed=5)
+    for seed in range(12):
+        expected, got, same_draws = jitter_both(
+            lambda: wrap(image), seed, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1
+        )
+        assert same_draws
+        assert type(got) is type(expected) and got.dtype == torch.uint8 and got.shape == expected.shape
+        assert got.is_contiguous()
+        # hue's one level can grow by a later contrast or saturation factor above 1 (<= 1.4 each)
+        assert levels_apart(got, expected) <= 2, seed
+        assert (got != expected).float().mean() < 1e-3
+    expected, got, _ = jitter_both(lambda: wrap(image), 3, hue=0.2)
+    assert levels_apart(got, expected) <= 1
+    expected, got, _ = jitter_both(lambda: wrap(image), 4, brightness=0.5, contrast=(0.2, 1.8))
+    assert torch.equal(got, expected)
+
+
+def test_color_jitter_that_adjusts_nothing_hands_the_input_back(patched_vision):
+    image = noise((3, 16, 16))
+    assert v2.ColorJitter()(image) is image
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: noise((3, 32, 32)).float() / 255,  # float
+        lambda: noise((2, 3, 32, 32)),  # a batch
+        lambda: noise((1, 32, 32)),  # one channel
+        lambda: noise((3, 32, 64))[:, :, ::2],  # not contiguous
+    ],
+    ids=["float", "batch", "grey", "strided"],
+)
+def test_inputs_the_kernels_do_not_take_run_v2s_own(patched_vision, make):
+    expected, got, same_draws = jitter_both(make, 7, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+    assert same_draws and type(got) is type(expected) and torch.equal(got, expected)
