@@ -124,3 +124,71 @@ def test_color_jitter_that_adjusts_nothing_hands_the_input_back(patched_vision):
 def test_inputs_the_kernels_do_not_take_run_v2s_own(patched_vision, make):
     expected, got, same_draws = jitter_both(make, 7, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
     assert same_draws and type(got) is type(expected) and torch.equal(got, expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# ToDtype(float32, scale=True) [+ Normalize] fused in a v2 Compose on a uint8 tensor
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def tensor_pipelines():
+    """(name, builder) of v2 Composes as the tensor path writes them, and ones that must not fuse."""
+    tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    return {
+        "train": lambda: v2.Compose([v2.RandomResizedCrop(32, antialias=True), v2.RandomHorizontalFlip(), *tail]),
+        "no normalize": lambda: v2.Compose([v2.CenterCrop(24), v2.ToDtype(torch.float32, scale=True)]),
+        "jitter first": lambda: v2.Compose([v2.ColorJitter(0.4, 0.4, 0.4, 0.1), *tail]),
+        "float64": lambda: v2.Compose([v2.ToDtype(torch.float64, scale=True), v2.Normalize(MEAN, STD)]),
+        "unscaled": lambda: v2.Compose([v2.ToDtype(torch.float32), v2.Normalize(MEAN, STD)]),
+        "geometry only": lambda: v2.Compose([v2.RandomHorizontalFlip(), v2.CenterCrop(20)]),
+    }
+
+
+@pytest.mark.parametrize("name", list(tensor_pipelines()))
+@pytest.mark.parametrize("wrap", [lambda t: t, tv_tensors.Image], ids=["tensor", "tv_tensors.Image"])
+def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap):
+    build = tensor_pipelines()[name]
+    image = noise((3, 40, 36), seed=11)
+    for seed in range(4):
+        with nanopatch.unpatched():
+            stock = build()
+            torch.manual_seed(seed)
+            expected = stock(wrap(image))
+            after_stock = torch.rand(2)
+        fast = build()
+        torch.manual_seed(seed)
+        got = fast(wrap(image))
+        assert torch.equal(after_stock, torch.rand(2))
+        assert type(got) is type(expected) and got.dtype == expected.dtype
+        assert got.is_contiguous() == expected.is_contiguous()
+        if name == "jitter first":  # the jitter's hue: within one level, times 1/std after Normalize
+            assert float((got - expected).abs().max()) <= 2 / 255 / min(STD) + 1e-6
+        else:
+            assert torch.equal(got, expected), name
+
+
+def test_fused_to_float_leaves_other_inputs_to_v2(patched_vision):
+    build = tensor_pipelines()["train"]
+    for make in (lambda: noise((3, 40, 36)).float() / 255, lambda: noise((2, 3, 40, 36)), lambda: noise((1, 40, 36))):
+        with nanopatch.unpatched():
+            torch.manual_seed(0)
+            expected = build()(make())
+        torch.manual_seed(0)
+        assert torch.equal(build()(make()), expected)
+
+
+def test_fused_compose_pickles_and_follows_a_changed_normalize(patched_vision):
+    import pickle
+
+    compose = tensor_pipelines()["no normalize"]()
+    image = noise((3, 30, 30), seed=2)
+    first = compose(image)
+    again = pickle.loads(pickle.dumps(compose))
+    assert "_nanopatch_tensor_plan" not in again.__dict__ and torch.equal(again(image), first)
+    compose.transforms.append(v2.Normalize(MEAN, STD))  # a new list of steps: planned anew
+    with nanopatch.unpatched():
+        expected = v2.Compose([v2.CenterCrop(24), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])(
+            image
+        )
+    assert torch.equal(compose(image), expected)

@@ -406,4 +406,5 @@ class Planned:
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_nanopatch_plan", None)  # rebuilt on first use
+        state.pop("_nanopatch_tensor_plan", None)
         return state

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import PIL.Image
 import torch
 import torchvision.transforms.v2 as _v2
@@ -34,6 +35,7 @@ from torchvision.transforms.v2.functional import _geometry as _F2_geometry
 
 from . import _pipeline, _tensor_color
 from . import functional as fn
+from ._opencv import cv2
 from ._pipeline import Fast, FusedToFloat, Planned, entry, on_array, run_step, run_steps, stock_class
 from ._pixels import Pixels
 
@@ -255,8 +257,85 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
         return self._stock_call(px.output())  # Normalize refuses PIL images: stock's error
 
 
+def _tensor_image(value: Any) -> bool:
+    """A lone uint8 RGB image tensor the fused kernels take (plain or ``tv_tensors.Image``)."""
+    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value)
+
+
+class FusedTensorToFloat:
+    """v2's ``ToDtype(float32, scale=True)`` [+ ``Normalize``] on a uint8 image tensor as one
+    table lookup per plane. The table is stock's own steps run once on the 256 levels (each op
+    elementwise: the very values), per input type (the result's type is what stock gives)."""
+
+    _SETTINGS = ("dtype", "scale", "mean", "std", "inplace")
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.steps = steps
+        self._tables: dict[tuple, np.ndarray | None] = {}
+
+    def _table(self, kind: type) -> np.ndarray | None:
+        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in self._SETTINGS)
+        key = (kind, torch.get_default_dtype(), settings)
+        if key not in self._tables:
+            levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).reshape(3, 1, 256)
+            value: Any = levels if kind is torch.Tensor else tv_tensors.Image(levels)
+            try:
+                for step in self.steps:
+                    value = step._stock_call(value)
+            except Exception:  # stock's error is raised again by the unfused steps
+                value = None
+            ok = (
+                type(value) is kind
+                and value.dtype == torch.float32
+                and value.shape == (3, 1, 256)
+                and value.is_contiguous()
+            )
+            self._tables[key] = value.as_subclass(torch.Tensor).reshape(3, 256).numpy().copy() if ok else None
+        return self._tables[key]
+
+    def __call__(self, value: Any) -> Any:
+        table = self._table(type(value)) if _tensor_image(value) else None
+        if table is None:
+            for step in self.steps:
+                value = step(value)
+            return value
+        out = torch.empty(value.shape, dtype=torch.float32)
+        planes, out_planes = value.as_subclass(torch.Tensor).numpy(), out.numpy()
+        for c in range(3):
+            cv2().LUT(planes[c], table[c], dst=out_planes[c])
+        return out if type(value) is torch.Tensor else tv_tensors.wrap(out, like=value)
+
+
 @entry
 class Compose(Planned, Fast, stock_class(_v2, "Compose")):
+    def _nanopatch_tensor(self, image: torch.Tensor) -> Any:
+        """A lone image tensor: the steps as stock's Compose runs them, ``ToDtype(float32,
+        scale=True)`` [+ ``Normalize``] fused into one lookup where the value reaching them is a
+        uint8 RGB image tensor; NotImplemented (stock's call) where nothing fuses."""
+        key = tuple(map(id, self.transforms))
+        cached = self.__dict__.get("_nanopatch_tensor_plan")
+        if cached is None or cached[0] != key:
+            steps, plan, i = list(self.transforms), [], 0
+            while i < len(steps):
+                step = steps[i]
+                if isinstance(step, ToDtype) and step.dtype is torch.float32 and step.scale:
+                    length = 2 if i + 1 < len(steps) and isinstance(steps[i + 1], Normalize) else 1
+                    plan.append(FusedTensorToFloat(steps[i : i + length]))
+                    i += length
+                else:
+                    plan.append(step)
+                    i += 1
+            cached = self.__dict__["_nanopatch_tensor_plan"] = (key, plan)
+        plan = cached[1]
+        if type(image) not in (torch.Tensor, tv_tensors.Image) or not any(
+            isinstance(step, FusedTensorToFloat) for step in plan
+        ):
+            return NotImplemented
+        value = image
+        for step in plan:
+            value = step(value)
+        return value
+
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
         if (
             isinstance(steps[i], (ToImage, PILToTensor))
