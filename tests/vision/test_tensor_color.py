@@ -142,6 +142,23 @@ def tensor_pipelines():
         "float64": lambda: v2.Compose([v2.ToDtype(torch.float64, scale=True), v2.Normalize(MEAN, STD)]),
         "unscaled": lambda: v2.Compose([v2.ToDtype(torch.float32), v2.Normalize(MEAN, STD)]),
         "geometry only": lambda: v2.Compose([v2.RandomHorizontalFlip(), v2.CenterCrop(20)]),
+        # resizes, crops, flips and the jitter before the conversion; steps that do not fuse
+        "val": lambda: v2.Compose([v2.Resize(34, antialias=True), v2.CenterCrop(30), *tail]),
+        "resize max_size": lambda: v2.Compose([v2.Resize(20, max_size=25, antialias=True), *tail]),
+        "flips and jitter": lambda: v2.Compose(
+            [
+                v2.RandomVerticalFlip(),
+                v2.RandomResizedCrop((28, 33), antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                *tail,
+            ]
+        ),
+        "enlarging crop": lambda: v2.Compose([v2.CenterCrop(50), v2.RandomResizedCrop(64, antialias=True), *tail]),
+        "bicubic": lambda: v2.Compose([v2.RandomResizedCrop(32, interpolation=v2.InterpolationMode.BICUBIC), *tail]),
+        "a Lambda inside": lambda: v2.Compose(
+            [v2.RandomResizedCrop(32, antialias=True), v2.Lambda(lambda t: t), *tail]
+        ),
     }
 
 
@@ -162,7 +179,7 @@ def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap):
         assert torch.equal(after_stock, torch.rand(2))
         assert type(got) is type(expected) and got.dtype == expected.dtype
         assert got.is_contiguous() == expected.is_contiguous()
-        if name == "jitter first":  # the jitter's hue: within one level, times 1/std after Normalize
+        if name in ("jitter first", "flips and jitter"):  # the hue's one level, over std after Normalize
             assert float((got - expected).abs().max()) <= 2 / 255 / min(STD) + 1e-6
         else:
             assert torch.equal(got, expected), name

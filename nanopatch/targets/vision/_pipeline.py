@@ -74,11 +74,14 @@ class Fast:
         return NotImplemented
 
     def _nanopatch_call(self, *args, **kwargs):
-        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
-            done = self._nanopatch_tensor(args[0])
-            if done is not NotImplemented:
-                usage.record("transforms")
-                return done
+        if args and isinstance(args[0], torch.Tensor):  # no Pixels for a tensor: straight on
+            run = type(self)._nanopatch_tensor
+            if len(args) == 1 and not kwargs and run is not Fast._nanopatch_tensor:
+                done = run(self, args[0])
+                if done is not NotImplemented:
+                    usage.record("transforms")
+                    return done
+            return self._stock_call(*args, **kwargs)
         px = Pixels.accept(args[0]) if len(args) == 1 and not kwargs else None
         if (
             px is None

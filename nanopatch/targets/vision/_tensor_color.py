@@ -34,10 +34,11 @@ _TO_UINT8 = np.float32(255.0 + 1.0 - 1e-3)
 _FROM_UINT8 = np.float32(1.0 / 255)
 
 
-def accepts(image: object) -> bool:
-    """A plain uint8 RGB image tensor (or ``tv_tensors.Image``) of shape (3, H, W), C-contiguous,
-    on the CPU, with pixels and no grad: what these kernels take."""
-    return (
+def accepts(image: object, *, planes: bool = False) -> bool:
+    """A uint8 RGB image tensor (plain or ``tv_tensors.Image``) of shape (3, H, W) on the CPU,
+    with pixels and no grad, C-contiguous: what these kernels take. With ``planes``, any whose
+    planes have contiguous rows (a crop of a CHW tensor) will do: what a per-plane lookup reads."""
+    if not (
         isinstance(image, torch.Tensor)
         and image.dtype == torch.uint8
         and image.ndim == 3
@@ -45,7 +46,14 @@ def accepts(image: object) -> bool:
         and image.numel() > 0
         and image.device.type == "cpu"
         and not image.requires_grad
-        and image.is_contiguous()
+    ):
+        return False
+    if not planes:
+        return image.is_contiguous()
+    return (
+        image.stride(2) == 1
+        and image.stride(1) >= image.shape[2]
+        and image.stride(0) >= image.shape[1] * image.stride(1)
     )
 
 

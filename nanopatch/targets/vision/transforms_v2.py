@@ -258,8 +258,9 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
 
 
 def _tensor_image(value: Any) -> bool:
-    """A lone uint8 RGB image tensor the fused kernels take (plain or ``tv_tensors.Image``)."""
-    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value)
+    """A lone uint8 RGB image tensor whose planes the fused lookup reads (plain or
+    ``tv_tensors.Image``; a CHW tensor or a crop of one)."""
+    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value, planes=True)
 
 
 class FusedTensorToFloat:
