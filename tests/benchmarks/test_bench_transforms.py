@@ -49,6 +49,13 @@ def test_tiny_run_of_every_variant_with_the_tensor_path(tmp_path):
             assert 0 <= check["torchcodec_mean_grey_levels"] < 2
         if "kornia" in variants:  # its own crops: its pixels compared on val alone
             assert ("kornia_mean_grey_levels" in check) == (pipeline == "val")
+    for pipeline in PIPELINES:  # the tensor path under nanopatch against its own stock, and only there
+        for variant in variants:
+            ratio = rows[(pipeline, variant)]["x_tensor_path_stock"]
+            assert (ratio is not None) == (variant == "tv tensors, nanopatch")
+            if ratio is not None:
+                tensor = rows[(pipeline, "tv tensors")]["rate"]
+                assert abs(ratio - rows[(pipeline, variant)]["rate"] / tensor) < 1e-9
     if "torchcodec" in variants:
         codec = report["implementations"]["torchcodec"]
         assert codec["state"] == "nothing patched" and "torchcodec.decoders.decode_image" in codec["reads"]

@@ -164,9 +164,16 @@ def tensor_pipelines():
 
 @pytest.mark.parametrize("name", list(tensor_pipelines()))
 @pytest.mark.parametrize("wrap", [lambda t: t, tv_tensors.Image], ids=["tensor", "tv_tensors.Image"])
-def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap):
+@pytest.mark.parametrize("layout", ["chw", "decoded"])
+def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap, layout):
+    """The same values, type and memory layout as stock's steps, for a CHW tensor and for what
+    ``torchvision.io.decode_jpeg`` returns (a channels-last view of HWC memory, kept by v2's
+    resizes and crops)."""
     build = tensor_pipelines()[name]
-    image = noise((3, 40, 36), seed=11)
+    if layout == "chw":
+        image = noise((3, 40, 36), seed=11)
+    else:
+        image = noise((40, 36, 3), seed=11).permute(2, 0, 1)
     for seed in range(4):
         with nanopatch.unpatched():
             stock = build()
@@ -178,11 +185,34 @@ def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap):
         got = fast(wrap(image))
         assert torch.equal(after_stock, torch.rand(2))
         assert type(got) is type(expected) and got.dtype == expected.dtype
-        assert got.is_contiguous() == expected.is_contiguous()
+        assert got.stride() == expected.stride(), (name, layout)
         if name in ("jitter first", "flips and jitter"):  # the hue's one level, over std after Normalize
             assert float((got - expected).abs().max()) <= 2 / 255 / min(STD) + 1e-6
         else:
             assert torch.equal(got, expected), name
+
+
+def test_fused_to_float_takes_decode_jpeg_layouts(patched_vision, monkeypatch):
+    """The lookup really runs (a spy on OpenCV's LUT) for a decoded image's layouts: a
+    channels-last image resized (channels-last out), and a crop of it (contiguous CHW out)."""
+    from nanopatch.targets.vision import transforms_v2
+
+    calls = []
+    real = transforms_v2.cv2
+
+    class Spy:
+        def __getattr__(self, name):
+            if name == "LUT":
+                calls.append(name)
+            return getattr(real(), name)
+
+    monkeypatch.setattr(transforms_v2, "cv2", lambda: Spy())
+    decoded = noise((40, 36, 3), seed=4).permute(2, 0, 1)
+    tensor_pipelines()["resize max_size"]()(decoded)
+    assert calls == ["LUT"]  # one interleaved lookup
+    calls.clear()
+    tensor_pipelines()["val"]()(decoded)
+    assert calls in (["LUT"], ["LUT"] * 3)
 
 
 def test_fused_to_float_leaves_other_inputs_to_v2(patched_vision):

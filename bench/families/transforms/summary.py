@@ -8,7 +8,7 @@ import statistics
 import harness as h
 
 from families.decode import processes as decode_processes
-from families.transforms.pipelines import ALBU, BEAT_ALBU, STOCK, TARGETS, size_name
+from families.transforms.pipelines import ALBU, BEAT_ALBU, STOCK, TARGETS, TENSOR, TENSOR_NP, TENSOR_TARGET, size_name
 
 
 def median_of(reports: list[dict], key: str, metric: str = "img_per_s") -> float:
@@ -27,6 +27,7 @@ def summarise(reports: list[dict], sizes: list[tuple[int, int]], pipelines: list
             group = f"{pipeline}|{size_name(size)}"
             stock = median_of(reports, f"{group}|{STOCK}", metric)
             albu = median_of(reports, f"{group}|{ALBU}", metric) if ALBU in variants else None
+            tensor = median_of(reports, f"{group}|{TENSOR}", metric) if TENSOR in variants else None
             for variant in variants:
                 key = f"{group}|{variant}"
                 samples = [x for r in reports for x in r[metric][key]]
@@ -55,6 +56,13 @@ def summarise(reports: list[dict], sizes: list[tuple[int, int]], pipelines: list
                         iqr_pct=stats["iqr_pct"],
                         target_x_stock=TARGETS.get((variant, pipeline, size)),
                         x_albumentations=x_albu,
+                        # the tensor path under nanopatch against the same path stock (the 1.3x)
+                        x_tensor_path_stock=stats["median"] / tensor if variant == TENSOR_NP and tensor else None,
+                        x_tensor_path_stock_per_process=[
+                            median_of([r], key, metric) / median_of([r], f"{group}|{TENSOR}", metric) for r in reports
+                        ]
+                        if variant == TENSOR_NP and tensor
+                        else None,
                         target_faster_than_albumentations=(variant, size) in BEAT_ALBU and x_albu is not None,
                         samples_img_per_s=[r["img_per_s"][key] for r in reports],
                         samples_img_per_cpu_s=[r["img_per_cpu_s"][key] for r in reports],
@@ -174,6 +182,17 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             f"{kornia:>19}".rstrip()
         )
     print()
+    tensor_rows = [row for row in rows if row.get("x_tensor_path_stock") is not None]
+    if tensor_rows:
+        print(f"torchvision's tensor path under nanopatch against the same path stock (target >={TENSOR_TARGET:g}x):")
+        for row in tensor_rows:
+            ratio, spread = row["x_tensor_path_stock"], row["x_tensor_path_stock_per_process"]
+            met = "yes" if ratio >= TENSOR_TARGET else "no"
+            print(
+                f"  {row['pipeline']:<14}{row['size']:<11}{ratio:>6.2f}x  per process "
+                f"{min(spread):.2f}-{max(spread):.2f}  met: {met}"
+            )
+        print()
     for note in reports[0]["notes"]:
         print(f"Note: {note}.")
     total = sum(entry["images"] for entry in data.values())

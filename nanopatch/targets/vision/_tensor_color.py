@@ -37,7 +37,8 @@ _FROM_UINT8 = np.float32(1.0 / 255)
 def accepts(image: object, *, planes: bool = False) -> bool:
     """A uint8 RGB image tensor (plain or ``tv_tensors.Image``) of shape (3, H, W) on the CPU,
     with pixels and no grad, C-contiguous: what these kernels take. With ``planes``, any whose
-    planes have contiguous rows (a crop of a CHW tensor) will do: what a per-plane lookup reads."""
+    rows are contiguous, planar or interleaved (a crop of a CHW or of a channels-last tensor):
+    what a lookup reads."""
     if not (
         isinstance(image, torch.Tensor)
         and image.dtype == torch.uint8
@@ -50,11 +51,22 @@ def accepts(image: object, *, planes: bool = False) -> bool:
         return False
     if not planes:
         return image.is_contiguous()
+    return planar_rows(image) or interleaved_rows(image)
+
+
+def planar_rows(image: torch.Tensor) -> bool:
+    """(3, H, W) memory as three planes whose rows are contiguous (a CHW tensor, or a crop of one)."""
     return (
         image.stride(2) == 1
         and image.stride(1) >= image.shape[2]
         and image.stride(0) >= image.shape[1] * image.stride(1)
     )
+
+
+def interleaved_rows(image: torch.Tensor) -> bool:
+    """(3, H, W) memory as HWC rows of interleaved pixels (a channels-last tensor, as
+    ``torchvision.io.decode_jpeg`` returns, or a crop of one)."""
+    return image.stride(0) == 1 and image.stride(2) == 3 and image.stride(1) >= 3 * image.shape[2]
 
 
 def _v2():

@@ -300,10 +300,24 @@ class FusedTensorToFloat:
             for step in self.steps:
                 value = step(value)
             return value
-        out = torch.empty(value.shape, dtype=torch.float32)
-        planes, out_planes = value.as_subclass(torch.Tensor).numpy(), out.numpy()
-        for c in range(3):
-            cv2().LUT(planes[c], table[c], dst=out_planes[c])
+        plain = value.as_subclass(torch.Tensor)
+        out = torch.empty_like(plain, dtype=torch.float32)  # stock's layout: what ToDtype's .to() allocates
+        if out.stride(0) == 1 and out.permute(1, 2, 0).is_contiguous() and _tensor_color.interleaved_rows(plain):
+            # channels-last in and out (decode_jpeg's layout): one interleaved lookup
+            hwc = np.ascontiguousarray(table.T).reshape(1, 256, 3)
+            cv2().LUT(plain.permute(1, 2, 0).numpy(), hwc, dst=out.permute(1, 2, 0).numpy())
+        elif out.is_contiguous():
+            if _tensor_color.planar_rows(plain):
+                planes = plain.numpy()
+            else:
+                planes = cv2().split(plain.permute(1, 2, 0).numpy())
+            out_planes = out.numpy()
+            for c in range(3):
+                cv2().LUT(planes[c], table[c], dst=out_planes[c])
+        else:  # a layout the lookup does not write: stock's steps
+            for step in self.steps:
+                value = step(value)
+            return value
         return out if type(value) is torch.Tensor else tv_tensors.wrap(out, like=value)
 
 
