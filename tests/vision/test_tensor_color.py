@@ -289,3 +289,41 @@ def test_random_resized_crop_leaves_other_tensors_to_v2(patched_vision, monkeypa
             expected = v2.RandomResizedCrop(24, **kwargs)(image)
         torch.manual_seed(1)
         assert torch.equal(v2.RandomResizedCrop(24, **kwargs)(image), expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# ColorJitter on every layout a tensor pipeline hands it
+
+LAYOUTS = {
+    "chw": lambda: noise((3, 40, 36), seed=21),
+    "decoded": lambda: noise((40, 36, 3), seed=21).permute(2, 0, 1),  # torchvision.io.decode_jpeg's
+    "decoded crop": lambda: noise((48, 44, 3), seed=21).permute(2, 0, 1)[:, 3:43, 5:41],  # CenterCrop's view
+    "chw crop": lambda: noise((3, 48, 44), seed=21)[:, 3:43, 5:41],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},
+        {"brightness": 0.5, "contrast": (0.2, 1.8)},
+        {"hue": 0.3},
+        {"saturation": 0.6},
+    ],
+    ids=["all", "tables", "hue", "saturation"],
+)
+def test_color_jitter_keeps_v2s_layout_on_every_layout(patched_vision, layout, kwargs):
+    """Values as v2's (tables equal, hue within one level, grown by a later factor) and the
+    very strides v2's ops give (the tables keep the input's dimension order, hue ends
+    contiguous), for planar and channels-last tensors and crops of them."""
+    make = LAYOUTS[layout]
+    assert _tensor_color.accepts(make())
+    for seed in range(6):
+        expected, got, same_draws = jitter_both(make, seed, **kwargs)
+        assert same_draws and type(got) is type(expected)
+        assert got.stride() == expected.stride(), (layout, seed)
+        if "hue" in kwargs:
+            assert levels_apart(got, expected) <= 2
+        else:
+            assert torch.equal(got, expected)

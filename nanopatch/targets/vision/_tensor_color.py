@@ -16,8 +16,11 @@ blend and a truncation back to uint8, hue a float port of Pillow's HSV conversio
   (tests/vision/test_tensor_color.py checks all 2**24 for several factors), and checked again
   on this machine's OpenCV before first use (:func:`hue_usable`); else v2's own kernel runs.
 
-Anything else (another dtype, channel count or layout, a batch, a tensor that needs grad, a
-device other than the CPU) gets v2's own kernels: :func:`accepts` says which inputs are taken.
+The image may be a CHW tensor, ``torchvision.io.decode_jpeg``'s channels-last one, or a crop
+of either; each result is laid out as v2's is (the tables' in the input's dimension order, as
+``empty_like`` allocates for v2's elementwise ops; hue's contiguous, as v2 stacks its planes).
+Anything else (another dtype or channel count, a batch, a tensor that needs grad, a device other
+than the CPU) gets v2's own kernels: :func:`accepts` says which inputs are taken.
 """
 
 from __future__ import annotations
@@ -34,12 +37,11 @@ _TO_UINT8 = np.float32(255.0 + 1.0 - 1e-3)
 _FROM_UINT8 = np.float32(1.0 / 255)
 
 
-def accepts(image: object, *, planes: bool = False) -> bool:
+def accepts(image: object) -> bool:
     """A uint8 RGB image tensor (plain or ``tv_tensors.Image``) of shape (3, H, W) on the CPU,
-    with pixels and no grad, C-contiguous: what these kernels take. With ``planes``, any whose
-    rows are contiguous, planar or interleaved (a crop of a CHW or of a channels-last tensor):
-    what a lookup reads."""
-    if not (
+    with pixels and no grad, whose rows are contiguous, planar or interleaved (a CHW tensor,
+    ``decode_jpeg``'s channels-last one, or a crop of either): what these kernels read."""
+    return (
         isinstance(image, torch.Tensor)
         and image.dtype == torch.uint8
         and image.ndim == 3
@@ -47,11 +49,8 @@ def accepts(image: object, *, planes: bool = False) -> bool:
         and image.numel() > 0
         and image.device.type == "cpu"
         and not image.requires_grad
-    ):
-        return False
-    if not planes:
-        return image.is_contiguous()
-    return planar_rows(image) or interleaved_rows(image)
+        and (planar_rows(image) or interleaved_rows(image))
+    )
 
 
 def planar_rows(image: torch.Tensor) -> bool:
@@ -81,11 +80,27 @@ def _levels() -> torch.Tensor:
 
 
 def _apply_table(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``table[image]`` for a uint8 (256,) table, as a new C-contiguous uint8 tensor."""
-    planes = image.numpy().reshape(image.shape[0] * image.shape[1], image.shape[2])
+    """``table[image]`` for a uint8 (256,) table, as a new uint8 tensor laid out as v2's
+    elementwise ops lay theirs out (``empty_like``: the input's dimension order, dense)."""
     out = torch.empty_like(image)
-    cv2().LUT(planes, table.numpy().reshape(256), dst=out.numpy().reshape(planes.shape))
+    lut = table.numpy().reshape(256)
+    if interleaved_rows(image) and out.permute(1, 2, 0).is_contiguous():  # channels-last in and out
+        cv2().LUT(image.permute(1, 2, 0).numpy(), lut, dst=out.permute(1, 2, 0).numpy())
+    elif planar_rows(image) and out.is_contiguous():
+        planes, out_planes = image.numpy(), out.numpy()
+        for c in range(3):
+            cv2().LUT(planes[c], lut, dst=out_planes[c])
+    else:  # pragma: no cover - accepts() lets no other layout in
+        raise NotImplementedError(f"a uint8 image with strides {image.stride()}")
     return out
+
+
+def _hwc(image: torch.Tensor) -> np.ndarray:
+    """The pixels as an (H, W, 3) uint8 array: a view of interleaved memory, planes merged."""
+    if interleaved_rows(image):
+        return image.permute(1, 2, 0).numpy()
+    planes = image.numpy()
+    return cv2().merge([planes[0], planes[1], planes[2]])
 
 
 def adjust_brightness(image: torch.Tensor, factor: float) -> torch.Tensor:
@@ -106,8 +121,7 @@ def adjust_contrast(image: torch.Tensor, factor: float) -> torch.Tensor:
 
 def _hue_kernel(image: torch.Tensor, factor: float) -> torch.Tensor:
     ocv = cv2()
-    planes = image.numpy()
-    rgb = ocv.merge([planes[0], planes[1], planes[2]]).astype(np.float32)
+    rgb = _hwc(image).astype(np.float32)
     rgb *= _FROM_UINT8
     hsv = ocv.cvtColor(rgb, ocv.COLOR_RGB2HSV)  # H in degrees [0, 360), S and V in [0, 1]
     shift = float(factor) * 360.0
@@ -115,7 +129,7 @@ def _hue_kernel(image: torch.Tensor, factor: float) -> torch.Tensor:
     ocv.add(hsv, (shift + 360.0 if shift < 0 else shift, 0.0, 0.0, 0.0), dst=hsv)
     rgb = ocv.cvtColor(hsv, ocv.COLOR_HSV2RGB)
     rgb *= _TO_UINT8
-    out = torch.empty_like(image)
+    out = torch.empty(image.shape, dtype=torch.uint8)  # v2's hue ends in stacked planes: contiguous
     ocv.split(rgb.astype(np.uint8), list(out.numpy()))
     return out
 

@@ -133,7 +133,7 @@ class RandomResizedCrop(Fast, stock_class(_v2, "RandomResizedCrop")):
         same draw (``make_params``), the box resized by v2's own kernel from a channels-last copy
         (``_resized_crop_interleaved``), stock's values, type and layout; NotImplemented (stock's
         call) for anything else, or a box that is channels-last already (stock's fast case)."""
-        if type(image) not in (torch.Tensor, tv_tensors.Image) or not _tensor_color.accepts(image, planes=True):
+        if type(image) not in (torch.Tensor, tv_tensors.Image) or not _tensor_color.accepts(image):
             return NotImplemented
         plain = image.as_subclass(torch.Tensor)
         if (
@@ -319,7 +319,7 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
 def _tensor_image(value: Any) -> bool:
     """A lone uint8 RGB image tensor whose planes the fused lookup reads (plain or
     ``tv_tensors.Image``; a CHW tensor or a crop of one)."""
-    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value, planes=True)
+    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value)
 
 
 class FusedTensorToFloat:
