@@ -242,56 +242,6 @@ def test_fused_compose_pickles_and_follows_a_changed_normalize(patched_vision):
 
 
 # ----------------------------------------------------------------------------------------------
-# RandomResizedCrop on decode_jpeg's channels-last tensors
-
-
-@pytest.mark.parametrize("wrap", [lambda t: t, tv_tensors.Image], ids=["tensor", "tv_tensors.Image"])
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"size": 32},
-        {"size": (20, 48), "scale": (0.01, 0.05)},  # thin boxes, enlarged
-        {"size": 16, "scale": (1.0, 1.0), "ratio": (36 / 40, 36 / 40)},  # the whole image: stock's fast case
-    ],
-    ids=["default", "small boxes", "whole image"],
-)
-def test_random_resized_crop_on_a_decoded_tensor_equals_v2(patched_vision, monkeypatch, wrap, kwargs):
-    from nanopatch.targets.vision import transforms_v2
-
-    assert transforms_v2._interleaved_crop_usable()
-    copies = []
-    real = transforms_v2._resized_crop_interleaved
-    monkeypatch.setattr(transforms_v2, "_resized_crop_interleaved", lambda *a, **k: copies.append(1) or real(*a, **k))
-    decoded = noise((40, 36, 3), seed=8).permute(2, 0, 1)  # torchvision.io.decode_jpeg's layout
-    for seed in range(6):
-        with nanopatch.unpatched():
-            torch.manual_seed(seed)
-            expected = v2.RandomResizedCrop(antialias=True, **kwargs)(wrap(decoded))
-            after_stock = torch.rand(2)
-        torch.manual_seed(seed)
-        got = v2.RandomResizedCrop(antialias=True, **kwargs)(wrap(decoded))
-        assert torch.equal(after_stock, torch.rand(2))
-        assert type(got) is type(expected) and got.stride() == expected.stride() and torch.equal(got, expected)
-    assert (len(copies) > 0) == ("scale" not in kwargs or kwargs["scale"] != (1.0, 1.0))
-
-
-def test_random_resized_crop_leaves_other_tensors_to_v2(patched_vision, monkeypatch):
-    from nanopatch.targets.vision import transforms_v2
-
-    monkeypatch.setattr(transforms_v2, "_resized_crop_interleaved", None)  # must not be reached
-    for image, kwargs in (
-        (noise((3, 40, 36)), {}),  # planar CHW: stock's own path
-        (noise((40, 36, 3)).permute(2, 0, 1), {"interpolation": v2.InterpolationMode.BICUBIC}),
-        (noise((40, 36, 3)).permute(2, 0, 1).float(), {}),
-    ):
-        with nanopatch.unpatched():
-            torch.manual_seed(1)
-            expected = v2.RandomResizedCrop(24, **kwargs)(image)
-        torch.manual_seed(1)
-        assert torch.equal(v2.RandomResizedCrop(24, **kwargs)(image), expected)
-
-
-# ----------------------------------------------------------------------------------------------
 # ColorJitter on every layout a tensor pipeline hands it
 
 LAYOUTS = {

@@ -21,7 +21,6 @@ stay stock.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,6 @@ import PIL.Image
 import torch
 import torchvision.transforms.v2 as _v2
 from torchvision import tv_tensors
-from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F2
 from torchvision.transforms.v2._auto_augment import _AutoAugmentBase
 from torchvision.transforms.v2._utils import _get_fill
@@ -95,65 +93,8 @@ class CenterCrop(Fast, stock_class(_v2, "CenterCrop")):
         return _pipeline.center_crop_pixels(px, self.size)
 
 
-def _resized_crop_interleaved(image: torch.Tensor, top: int, left: int, height: int, width: int, size, **kwargs):
-    """v2's ``resized_crop`` of a plain uint8 (3, H, W) tensor in interleaved (channels-last)
-    memory whose box is not itself channels-last dense: the box copied to a channels-last array
-    first, where torch's uint8 antialiased resize runs without repacking (about twice as fast),
-    the result in the contiguous layout stock's gives for such a box."""
-    box = image[:, top : top + height, left : left + width]
-    copied = torch.from_numpy(np.ascontiguousarray(box.permute(1, 2, 0).numpy())).permute(2, 0, 1)
-    return F2.resize_image(copied, size, **kwargs).contiguous()
-
-
-@functools.cache
-def _interleaved_crop_usable() -> bool:
-    """Whether ``_resized_crop_interleaved`` gives v2's very values and layout here, checked on
-    noise images of a few shapes (shrinking, enlarging, thin boxes) before it is relied on."""
-    rng = torch.Generator().manual_seed(31)
-    try:
-        for (h, w), box, out in (
-            ((375, 500), (20, 31, 300, 411), [224, 224]),
-            ((37, 29), (1, 2, 30, 20), [50, 17]),
-            ((9, 40), (0, 5, 9, 1), [4, 7]),
-        ):
-            image = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=rng).permute(2, 0, 1)
-            expected = F2.resized_crop(image, *box, out, antialias=True)
-            got = _resized_crop_interleaved(image, *box, out, antialias=True)
-            if not (torch.equal(got, expected) and got.stride() == expected.stride()):
-                return False
-    except Exception:  # a torch or torchvision that will not: stock's call then
-        return False
-    return True
-
-
 @entry
 class RandomResizedCrop(Fast, stock_class(_v2, "RandomResizedCrop")):
-    def _nanopatch_tensor(self, image: torch.Tensor) -> Any:
-        """A lone uint8 RGB image tensor in interleaved memory (``decode_jpeg``'s layout): the
-        same draw (``make_params``), the box resized by v2's own kernel from a channels-last copy
-        (``_resized_crop_interleaved``), stock's values, type and layout; NotImplemented (stock's
-        call) for anything else, or a box that is channels-last already (stock's fast case)."""
-        if type(image) not in (torch.Tensor, tv_tensors.Image) or not _tensor_color.accepts(image):
-            return NotImplemented
-        plain = image.as_subclass(torch.Tensor)
-        if (
-            not _tensor_color.interleaved_rows(plain)
-            or _F2_geometry._check_interpolation(self.interpolation) != InterpolationMode.BILINEAR
-            or self.antialias is not True
-            or not _interleaved_crop_usable()
-        ):
-            return NotImplemented
-        check = getattr(self, "check_inputs", None)  # stock's forward checks its inputs first
-        if check is not None:
-            check([image])
-        params = self.make_params([image])
-        top, left, height, width = params["top"], params["left"], params["height"], params["width"]
-        if plain[:, top : top + height, left : left + width].permute(1, 2, 0).is_contiguous():
-            out = F2.resized_crop(plain, top, left, height, width, self.size, antialias=True)  # stock's fast case
-        else:
-            out = _resized_crop_interleaved(plain, top, left, height, width, self.size, antialias=True)
-        return out if type(image) is torch.Tensor else tv_tensors.wrap(out, like=image)
-
     def _nanopatch_run(self, px: Pixels) -> Any:
         params = self.make_params([px.proxy()])
         if self.antialias is False:
