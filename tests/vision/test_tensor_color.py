@@ -195,10 +195,8 @@ def test_fused_to_float_on_tensors_equals_v2(patched_vision, name, wrap, layout)
 def test_fused_to_float_takes_decode_jpeg_layouts(patched_vision, monkeypatch):
     """The lookup really runs (a spy on OpenCV's LUT) for a decoded image's layouts: a
     channels-last image resized (channels-last out), and a crop of it (contiguous CHW out)."""
-    from nanopatch.targets.vision import transforms_v2
-
     calls = []
-    real = transforms_v2.cv2
+    real = _tensor_color.cv2
 
     class Spy:
         def __getattr__(self, name):
@@ -206,7 +204,7 @@ def test_fused_to_float_takes_decode_jpeg_layouts(patched_vision, monkeypatch):
                 calls.append(name)
             return getattr(real(), name)
 
-    monkeypatch.setattr(transforms_v2, "cv2", lambda: Spy())
+    monkeypatch.setattr(_tensor_color, "cv2", lambda: Spy())
     decoded = noise((40, 36, 3), seed=4).permute(2, 0, 1)
     tensor_pipelines()["resize max_size"]()(decoded)
     assert calls == ["LUT"]  # one interleaved lookup

@@ -384,23 +384,26 @@ class Planned:
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:  # pragma: no cover - overridden
         return None
 
-    def _plan(self) -> list[Any]:
+    def _plan(self, fuse=None, slot: str = "_nanopatch_plan") -> list[Any]:
+        """The steps with runs of them fused by ``fuse(steps, i)`` (default: ``self._fuse``),
+        cached in the instance's ``slot`` until the list of steps changes."""
+        fuse = self._fuse if fuse is None else fuse
         key = tuple(map(id, self.transforms))
-        cached = self.__dict__.get("_nanopatch_plan")
+        cached = self.__dict__.get(slot)
         if cached is not None and cached[0] == key:
             return cached[1]
         steps = list(self.transforms)
         plan: list[Any] = []
         i = 0
         while i < len(steps):
-            fused = self._fuse(steps, i)
+            fused = fuse(steps, i)
             if fused is None:
                 plan.append(steps[i])
                 i += 1
             else:
                 plan.append(fused[0])
                 i += fused[1]
-        self.__dict__["_nanopatch_plan"] = (key, plan)
+        self.__dict__[slot] = (key, plan)
         return plan
 
     def _nanopatch_run(self, px: Pixels) -> Any:

@@ -79,19 +79,30 @@ def _levels() -> torch.Tensor:
     return torch.arange(256, dtype=torch.uint8).reshape(1, 1, 256)
 
 
+def lookup(image: torch.Tensor, table: np.ndarray, out: torch.Tensor) -> bool:
+    """Write ``table[c][image[c]]`` into ``out`` (same shape; ``table`` is (3, 256) of ``out``'s
+    dtype) for an image :func:`accepts` takes: one interleaved ``cv2.LUT`` when both are
+    channels-last, a LUT per plane into a contiguous ``out`` (planes split from interleaved
+    memory first). False, writing nothing, for another pair of layouts."""
+    if interleaved_rows(image) and out.stride(0) == 1 and out.permute(1, 2, 0).is_contiguous():
+        hwc = np.ascontiguousarray(table.T).reshape(1, 256, 3)
+        cv2().LUT(image.permute(1, 2, 0).numpy(), hwc, dst=out.permute(1, 2, 0).numpy())
+    elif out.is_contiguous():
+        planes = image.numpy() if planar_rows(image) else cv2().split(image.permute(1, 2, 0).numpy())
+        out_planes = out.numpy()
+        for c in range(3):
+            cv2().LUT(planes[c], table[c], dst=out_planes[c])
+    else:
+        return False
+    return True
+
+
 def _apply_table(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``table[image]`` for a uint8 (256,) table, as a new uint8 tensor laid out as v2's
     elementwise ops lay theirs out (``empty_like``: the input's dimension order, dense)."""
     out = torch.empty_like(image)
-    lut = table.numpy().reshape(256)
-    if interleaved_rows(image) and out.permute(1, 2, 0).is_contiguous():  # channels-last in and out
-        cv2().LUT(image.permute(1, 2, 0).numpy(), lut, dst=out.permute(1, 2, 0).numpy())
-    elif planar_rows(image) and out.is_contiguous():
-        planes, out_planes = image.numpy(), out.numpy()
-        for c in range(3):
-            cv2().LUT(planes[c], lut, dst=out_planes[c])
-    else:  # pragma: no cover - accepts() lets no other layout in
-        raise NotImplementedError(f"a uint8 image with strides {image.stride()}")
+    if not lookup(image, np.repeat(table.numpy().reshape(1, 256), 3, axis=0), out):  # pragma: no cover
+        raise NotImplementedError(f"a uint8 image with strides {image.stride()}")  # empty_like is dense
     return out
 
 

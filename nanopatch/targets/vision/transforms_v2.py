@@ -35,7 +35,6 @@ from torchvision.transforms.v2.functional import _geometry as _F2_geometry
 
 from . import _pipeline, _tensor_color
 from . import functional as fn
-from ._opencv import cv2
 from ._pipeline import Fast, FusedToFloat, Planned, entry, on_array, run_step, run_steps, stock_class
 from ._pixels import Pixels
 
@@ -185,6 +184,12 @@ class RandomOrder(Fast, stock_class(_v2, "RandomOrder")):
         return run_steps([self.transforms[i] for i in torch.randperm(len(self.transforms))], px)
 
 
+def _tensor_image(value: Any) -> bool:
+    """A lone uint8 RGB image tensor ``_tensor_color``'s kernels and lookup read (plain or
+    ``tv_tensors.Image``; planar or channels-last, or a crop of either)."""
+    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value)
+
+
 @entry
 class ColorJitter(Fast, stock_class(_v2, "ColorJitter")):
     def _nanopatch_run(self, px: Pixels) -> Any:
@@ -195,7 +200,7 @@ class ColorJitter(Fast, stock_class(_v2, "ColorJitter")):
     def _nanopatch_tensor(self, image: torch.Tensor) -> Any:
         """A lone uint8 RGB image tensor (plain or ``tv_tensors.Image``): the same draws as stock
         (``make_params``), v2's values from ``_tensor_color``'s kernels, stock's type back."""
-        if type(image) not in (torch.Tensor, tv_tensors.Image) or not _tensor_color.accepts(image):
+        if not _tensor_image(image):
             return NotImplemented
         check = getattr(self, "check_inputs", None)  # stock's forward checks its inputs first
         if check is not None:
@@ -257,12 +262,6 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
         return self._stock_call(px.output())  # Normalize refuses PIL images: stock's error
 
 
-def _tensor_image(value: Any) -> bool:
-    """A lone uint8 RGB image tensor whose planes the fused lookup reads (plain or
-    ``tv_tensors.Image``; a CHW tensor or a crop of one)."""
-    return type(value) in (torch.Tensor, tv_tensors.Image) and _tensor_color.accepts(value)
-
-
 class FusedTensorToFloat:
     """v2's ``ToDtype(float32, scale=True)`` [+ ``Normalize``] on a uint8 image tensor as one
     table lookup per plane. The table is stock's own steps run once on the 256 levels (each op
@@ -295,30 +294,14 @@ class FusedTensorToFloat:
         return self._tables[key]
 
     def __call__(self, value: Any) -> Any:
-        table = self._table(type(value)) if _tensor_image(value) else None
-        if table is None:
-            for step in self.steps:
-                value = step(value)
-            return value
-        plain = value.as_subclass(torch.Tensor)
-        out = torch.empty_like(plain, dtype=torch.float32)  # stock's layout: what ToDtype's .to() allocates
-        if out.stride(0) == 1 and out.permute(1, 2, 0).is_contiguous() and _tensor_color.interleaved_rows(plain):
-            # channels-last in and out (decode_jpeg's layout): one interleaved lookup
-            hwc = np.ascontiguousarray(table.T).reshape(1, 256, 3)
-            cv2().LUT(plain.permute(1, 2, 0).numpy(), hwc, dst=out.permute(1, 2, 0).numpy())
-        elif out.is_contiguous():
-            if _tensor_color.planar_rows(plain):
-                planes = plain.numpy()
-            else:
-                planes = cv2().split(plain.permute(1, 2, 0).numpy())
-            out_planes = out.numpy()
-            for c in range(3):
-                cv2().LUT(planes[c], table[c], dst=out_planes[c])
-        else:  # a layout the lookup does not write: stock's steps
-            for step in self.steps:
-                value = step(value)
-            return value
-        return out if type(value) is torch.Tensor else tv_tensors.wrap(out, like=value)
+        if _tensor_image(value) and (table := self._table(type(value))) is not None:
+            plain = value.as_subclass(torch.Tensor)
+            out = torch.empty_like(plain, dtype=torch.float32)  # stock's layout: what ToDtype's .to() allocates
+            if _tensor_color.lookup(plain, table, out):
+                return out if type(value) is torch.Tensor else tv_tensors.wrap(out, like=value)
+        for step in self.steps:  # another input or layout: stock's steps
+            value = step(value)
+        return value
 
 
 @entry
@@ -327,29 +310,21 @@ class Compose(Planned, Fast, stock_class(_v2, "Compose")):
         """A lone image tensor: the steps as stock's Compose runs them, ``ToDtype(float32,
         scale=True)`` [+ ``Normalize``] fused into one lookup where the value reaching them is a
         uint8 RGB image tensor; NotImplemented (stock's call) where nothing fuses."""
-        key = tuple(map(id, self.transforms))
-        cached = self.__dict__.get("_nanopatch_tensor_plan")
-        if cached is None or cached[0] != key:
-            steps, plan, i = list(self.transforms), [], 0
-            while i < len(steps):
-                step = steps[i]
-                if isinstance(step, ToDtype) and step.dtype is torch.float32 and step.scale:
-                    length = 2 if i + 1 < len(steps) and isinstance(steps[i + 1], Normalize) else 1
-                    plan.append(FusedTensorToFloat(steps[i : i + length]))
-                    i += length
-                else:
-                    plan.append(step)
-                    i += 1
-            cached = self.__dict__["_nanopatch_tensor_plan"] = (key, plan)
-        plan = cached[1]
+        plan = self._plan(self._fuse_tensor, "_nanopatch_tensor_plan")
         if type(image) not in (torch.Tensor, tv_tensors.Image) or not any(
             isinstance(step, FusedTensorToFloat) for step in plan
         ):
             return NotImplemented
-        value = image
-        for step in plan:
-            value = step(value)
-        return value
+        return run_steps(plan, image)
+
+    @staticmethod
+    def _fuse_tensor(steps: list[Any], i: int) -> tuple[Any, int] | None:
+        """On a tensor: ``ToDtype(float32, scale=True)`` [+ ``Normalize``] as one lookup."""
+        step = steps[i]
+        if isinstance(step, ToDtype) and step.dtype is torch.float32 and step.scale:
+            length = 2 if i + 1 < len(steps) and isinstance(steps[i + 1], Normalize) else 1
+            return FusedTensorToFloat(steps[i : i + length]), length
+        return None
 
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
         if (
