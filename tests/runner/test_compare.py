@@ -236,7 +236,7 @@ from torch import nn
 model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
 weight = nn.Parameter(torch.zeros(2))
 optimizer = torch.optim.SGD(model.parameters() if "--bare" not in sys.argv else [weight], lr=0.1)
-for _ in range(14 if "--long" in sys.argv else 2):
+for _ in range(20 if "--long" in sys.argv else 2):  # --long: the bf16 trial's most steps, 3 + 1 + 2 * 8
     optimizer.zero_grad()
     x = torch.randn(4, 3, 8, 8)
     out = model(x) if "--bare" not in sys.argv else x.mean((1, 2, 3))[:, None] * weight
@@ -269,6 +269,9 @@ def test_the_table_says_whether_a_model_was_accelerated_and_why_not(tmp_path, ru
 def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
     """With bf16 left to nanopatch, the model's first steps measure it against fp32; the table
     and the end-of-run line say what was decided, with both medians."""
+    from nanopatch.targets.training.plan import Trial
+
+    assert Trial.warmup + 1 + 1 + 2 * Trial.max_rounds <= 20  # TRAIN's --long steps: always decided
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     proc = run_python(
@@ -283,8 +286,11 @@ def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
         assert cell.startswith("yes (Sequential: computed in float32") and "bf16" not in cell, cell
         assert "computed in float32" in line and "measured" not in line, line
         return
-    assert cell.startswith("yes (Sequential: ") and re.search(r"bf16 (kept|off): measured .*bf16 [\d.]+ ms, fp32", cell)
-    assert re.search(r"bf16 (kept: measured|off: measured slower than fp32)", line), line
+    # decided within the run (kept, off as slower, or off as not clearing the steps' noise where
+    # other work shares the cores), with both timings
+    decided = r"bf16 (kept: measured|off: measured slower than fp32|off: not measured clearly faster than fp32)"
+    assert cell.startswith("yes (Sequential: ") and re.search(decided + r" .*bf16 [\d.]+ ms, fp32", cell), cell
+    assert re.search(decided, line), line
 
 
 def test_the_runner_says_what_it_trained_at_the_end_with_v(tmp_path):
