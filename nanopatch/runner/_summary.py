@@ -206,6 +206,8 @@ def accelerated_parts(report: dict, used: set[str] = frozenset()) -> list[str]:
             what.append(f"torch.compile ({model['compile']})")
         if model.get("fast_dropout"):
             what.append("fast dropout masks")
+        if (model.get("frozen_weights") or "").split(" ", 1)[0].isdigit():
+            what.append(model["frozen_weights"].split(" (", 1)[0])  # "N frozen weights cast to bf16 once"
         what.extend(note.replace(": ", "'s ", 1) for note in model.get("notes", []) if note.endswith(" step"))
         if model.get("data_parallel"):
             what.append("data-parallel")
@@ -274,6 +276,9 @@ def _stock_model_parts(model: dict) -> list[str]:
     if measured.startswith("off"):
         why = measured.split(": ", 1)[1] if ": " in measured else measured
         parts.append(f"bf16 autocast for {name}: {why.replace(' for this model', '')}, so it kept fp32")
+    frozen = model.get("frozen_weights") or ""
+    if frozen.startswith("cast in every forward"):
+        parts.append(f"the frozen weights of {name}: {frozen}")
     compile_part = _compile_choice_part(name, model.get("compile_choice") or "")
     if compile_part is not None:
         parts.append(compile_part)

@@ -34,7 +34,7 @@ from torch import nn
 from nanopatch.engine import config as config_mod
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import compile_choice, dropout, ipex, optim, selfcheck
+from . import compile_choice, dropout, frozen, ipex, optim, selfcheck
 from . import forward as fw
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, lock, plans, tls, trial_for
@@ -257,6 +257,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         compile_choice.start(plan, model)
     if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
         plan.trial = trial_for(model)
+    plan.frozen = frozen.Copies(model) if plan.amp_dtype is not None and not plan.ipex else None
     plan.masks = bool(cfg.fast_dropout) and not plan.compile_mode and dropout.installed()
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
@@ -327,6 +328,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.compiled = None
     plan.compile_trial = None
     plan.ddp = None
+    plan.frozen = None  # the bf16 copies of its frozen weights go with it
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         if plan.layout is not None:
             context().discard(plan.layout)

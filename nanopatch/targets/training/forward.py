@@ -28,9 +28,9 @@ from torch import nn
 from nanopatch import engine
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import amp, dropout
+from . import amp, dropout, frozen
 from . import memory_format as mf
-from .plan import Plan, config, context, data_parallel, local, tls
+from .plan import Plan, compiling, config, context, data_parallel, local, tls
 
 logger = logging.getLogger("nanopatch")
 
@@ -97,7 +97,7 @@ class AcceleratedForward(_InstanceForward):
             if dtype is None:
                 out = forward(*args, **kwargs)
             else:
-                with ours(dtype):
+                with ours(dtype), _cast_once(plan):
                     out = forward(*args, **kwargs)
         if training:
             observe(plan, probe, dtype)
@@ -148,6 +148,15 @@ class _FastMasks:
         if self._region.fast:
             self._plan.seen.fast_dropout = True
             self._plan.seen.dropout_method = dropout.method()
+
+
+def _cast_once(plan: Plan) -> Any:
+    """Frozen fp32 parameters handed to bf16 products as bf16 copies made once (:mod:`.frozen`),
+    for an eager forward of a model that has some."""
+    copies = plan.frozen
+    if copies is None or plan.compile_mode or not copies.on or compiling() or not copies.any_frozen():
+        return _nothing
+    return frozen.CastOnce(copies)
 
 
 def _fast_masks(plan: Plan) -> Any:

@@ -139,6 +139,7 @@ class Plan:
     ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
     layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
     reprobe: bool = False  # probe the next training call (what it computes in changed)
+    frozen: Any = None  # bf16 copies of its frozen fp32 parameters (frozen.Copies), made once
     # seen
     seen: Seen = dataclasses.field(default_factory=Seen)
 
@@ -162,7 +163,20 @@ class Plan:
             "dropout_words": self._dropout_words() if self.seen.fast_dropout else None,
             "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
             "compile_choice": self._compile_state(),
+            "frozen_weights": self._frozen_weights(),
         }
+
+    def _frozen_weights(self) -> str | None:
+        """How many frozen weights its bf16 products take as copies made once (frozen.Copies)."""
+        copies = self.frozen
+        if copies is None or copies.verdict is None:
+            return None
+        if not copies.on:
+            return f"cast in every forward, as autocast does: copies made once would not pay ({copies.verdict[5:]})"
+        return (
+            f"{copies.count()} frozen weights cast to bf16 once ({copies.bytes() / 2**20:.1f} MiB of copies; "
+            f"{copies.verdict[6:]})"
+        )
 
     def _dropout_words(self) -> str | None:
         if self.seen.dropout_method is None:
@@ -197,6 +211,8 @@ class Plan:
             parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
+        if self.frozen is not None and self.frozen.on and self.frozen.count():
+            parts.append(f"{self.frozen.count()} frozen weights cast once")
         parts.extend(note for note in self.notes if note.endswith(" step"))
         if self.ddp is not None:
             parts.append("data-parallel")
@@ -307,6 +323,7 @@ class Trial:
             # work sharing the cores): fp32, stock's dtype, is the known-safe choice
             plan.amp_dtype = None
             plan.reprobe = True
+            plan.frozen = None  # no bf16 products from now on: no copies of frozen weights
             plan.bf16_measured = (
                 f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
                 f"the steps' noise {noise:.0%})"
@@ -315,6 +332,7 @@ class Trial:
         elif bf16 > fp32 * (1 + self.margin):
             plan.amp_dtype = None
             plan.reprobe = True  # the next training call is probed: it computes in fp32 now
+            plan.frozen = None
             plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
             plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
         else:
