@@ -85,7 +85,8 @@ class Copies:
         self.made = 0  # copies made (a parameter changed: made again)
         self.cast_seconds = 0.0  # what making them took
         self.calls = 0  # torch calls the mode saw in its forwards, while deciding
-        self.verdict: str | None = None  # None while undecided; "kept: ..." or "off: ..."
+        self.kept: bool | None = None  # whether the copies pay; None while undecided
+        self.figures = ""  # what the decision measured
 
     def any_frozen(self) -> bool:
         return any(not p.requires_grad for p in self._params.values())
@@ -124,22 +125,25 @@ class Copies:
 
     @property
     def on(self) -> bool:
-        return self.verdict is None or self.verdict.startswith("kept")
+        return self.kept is not False
+
+    @property
+    def verdict(self) -> str | None:
+        """ "kept: <figures>" or "off: <figures>", or None while undecided."""
+        return None if self.kept is None else f"{'kept' if self.kept else 'off'}: {self.figures}"
 
     def decide(self) -> None:
         """After the first forward under the mode: keep it where the casts it saves (timed as it
         made the copies) cost more than :data:`MARGIN` times the calls it saw."""
-        if self.verdict is not None or not self.calls:
+        if self.kept is not None or not self.calls:
             return
         overhead = self.calls * call_cost()
-        figures = (
+        self.figures = (
             f"the casts {self.cast_seconds * 1e3:.2f} ms a forward, the mode {overhead * 1e3:.2f} ms "
             f"({self.calls} calls)"
         )
-        if self.made and self.cast_seconds > MARGIN * overhead:
-            self.verdict = f"kept: {figures}"
-        else:
-            self.verdict = f"off: {figures}"
+        self.kept = bool(self.made) and self.cast_seconds > MARGIN * overhead
+        if not self.kept:
             self.clear()
 
 
@@ -152,7 +156,7 @@ def call_cost() -> float:
     if not _call_cost:
         x = torch.zeros(1)
         idle = Copies(nn.Module())
-        idle.verdict = "kept: the mode's cost measured"  # as it runs once decided: counting nothing
+        idle.kept = True  # as the mode runs once decided: counting nothing
         mode = CastOnce(idle)
 
         def timed(inside: bool) -> float:
@@ -183,12 +187,12 @@ class CastOnce(TorchFunctionMode):
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
-        if self.copies.verdict is None and exc[0] is None:
+        if self.copies.kept is None and exc[0] is None:
             self.copies.decide()
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.copies.verdict is None:
+        if self.copies.kept is None:
             self.copies.calls += 1
         if func in PRODUCTS and amp.autocast_enabled() and amp.current_dtype() == torch.bfloat16:
             swap = self.copies.swap

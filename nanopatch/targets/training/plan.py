@@ -169,13 +169,13 @@ class Plan:
     def _frozen_weights(self) -> str | None:
         """How many frozen weights its bf16 products take as copies made once (frozen.Copies)."""
         copies = self.frozen
-        if copies is None or copies.verdict is None:
+        if copies is None or copies.kept is None:
             return None
-        if not copies.on:
-            return f"cast in every forward, as autocast does: copies made once would not pay ({copies.verdict[5:]})"
+        if not copies.kept:
+            return f"cast in every forward, as autocast does: copies made once would not pay ({copies.figures})"
         return (
             f"{copies.count()} frozen weights cast to bf16 once ({copies.bytes() / 2**20:.1f} MiB of copies; "
-            f"{copies.verdict[6:]})"
+            f"{copies.figures})"
         )
 
     def _dropout_words(self) -> str | None:
