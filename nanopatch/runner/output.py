@@ -21,7 +21,8 @@ _PER_SECOND = r"(?:images|imgs|img|samples|examples)\s*/\s*s(?:ec)?\b"
 #: the strongest kind found anywhere in its output (a training meter over a progress bar's it/s)
 RATE_KINDS = (
     # "img/s: 135.2" (torchvision's references), "samples/s = 80", HF's "'train_samples_per_second': 3.2"
-    ("labelled", re.compile(rf"(?:{_PER_SECOND}|\btrain_samples_per_second\b)['\"]?\s*[:=]\s*({_NUMBER})", re.I)),
+    # (transformers >= 5 quotes the value: "'train_samples_per_second': '3.2'")
+    ("labelled", re.compile(rf"(?:{_PER_SECOND}|\btrain_samples_per_second\b)['\"]?\s*[:=]\s*['\"]?({_NUMBER})", re.I)),
     # "412.5 img/s", "1.2e3 samples/sec" (not the number before a label: "lr: 0.05  img/s: 135")
     ("labelled", re.compile(rf"({_NUMBER})\s*{_PER_SECOND}(?!['\"]?\s*[:=])", re.I)),
     # timm's "Time: 2.08s,  15.38/s  (2.08s,  15.38/s)"
@@ -31,6 +32,9 @@ RATE_KINDS = (
 )
 #: a word before a label that says whose figure it is: "val loss", "val_loss", "train loss"
 _SCOPE = r"(?:\b(?P<scope>val|valid|validation|test|eval|evaluation|train|training)[\s_-]*|\b)"
+#: between a label and its value: "loss: 2.1", "loss=2.1", "loss 2.1", and a logged dict's
+#: "'loss': 2.1" or, as the HF Trainer prints it from transformers 5 on, "'loss': '2.1'"
+_SEPARATOR = r"['\"]?\s*(?:[:=]\s*)?['\"]?"
 _EVALUATION_SCOPES = {"val", "valid", "validation", "test", "eval", "evaluation"}
 #: a line an evaluation prints: torchvision's references' "Test:", pytorch/examples' "Test set:",
 #: Lightning's "Validation DataLoader 0: ..." progress bar (whose speed is not training's)
@@ -38,11 +42,11 @@ _EVALUATION_LINE = re.compile(
     r"^\W*(?:Test|Testing|Val|Valid|Validation|Validating|Eval|Evaluation|Evaluating|Predicting)\b", re.I
 )
 PATTERNS = {
-    "loss": re.compile(rf"{_SCOPE}loss\b['\"]?\s*(?:[:=]\s*)?({_NUMBER})", re.I),
+    "loss": re.compile(rf"{_SCOPE}loss\b{_SEPARATOR}({_NUMBER})", re.I),
     # "acc@1: 71.2%", "acc1: 3.12", "accuracy=0.875", and the examples' "Accuracy: 9912/10000 (99%)"
     # and "80.00% (64/80)": a percentage with the count it is of
     "accuracy": re.compile(
-        rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b['\"]?\s*(?:[:=]\s*)?({_NUMBER})"
+        rf"{_SCOPE}acc(?:uracy)?(?:@?1)?\b{_SEPARATOR}({_NUMBER})"
         rf"\s*(?:(%)(?:\s*\(\s*{_COUNT}\s*/\s*({_COUNT})\s*\))?|/\s*({_COUNT}))?",
         re.I,
     ),

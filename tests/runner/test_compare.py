@@ -178,6 +178,15 @@ HF = [
     "{'train_runtime': 4.21, 'train_samples_per_second': 30.41, 'train_steps_per_second': 1.9, 'train_loss': 2.45}",
     "100%|██████████| 2/2 [00:00<00:00, 40.10it/s]",  # an evaluation afterwards
 ]
+# transformers >= 5 prints the Trainer's logged values as strings (5.24, as printed)
+HF5 = [
+    "{'loss': '4.312', 'grad_norm': '1.247', 'learning_rate': '5e-05', 'epoch': '0.25'}",
+    "{'loss': '4.329', 'grad_norm': '1.215', 'learning_rate': '3.75e-05', 'epoch': '0.5'}",
+    "{'eval_loss': '4.316', 'eval_runtime': '0.1552', 'eval_samples_per_second': '103.1',"
+    " 'eval_steps_per_second': '12.88', 'epoch': '0.5'}",
+    "{'train_runtime': '1.259', 'train_samples_per_second': '12.71', 'train_steps_per_second': '3.177', 'train_loss':"
+    " '4.32', 'epoch': '1'}",
+]
 LIGHTNING = [
     "Epoch 0:  50%|█████     | 16/32 [00:04<00:04,  3.91it/s, v_num=0]\rEpoch 0: 100%|██████████| 32/32 [00:07<00:00,"
     "  4.37it/s, v_num=0]",
@@ -191,12 +200,22 @@ LIGHTNING = [
         (TORCHVISION_REFERENCE, "135.2", "labelled"),  # not lr's 0.05, printed just before the label
         (TIMM, "45.71/s", "per second"),
         (HF, "30.41", "labelled"),  # the Trainer's own figure, over its progress bars
+        (HF5, "12.71", "labelled"),  # not the evaluation's samples/s
         (LIGHTNING, "4.37 it/s", "batches"),  # the training bar's last redraw, not validation's
         (["Epoch 1/3 2.10s/it"], "2.10 s/it", "batches"),
         (["throughput 412.5 img/s", "lr: 0.05  epoch 2"], "412.5", "labelled"),
         (["step 10 loss 0.3", "done in 4.2 s"], None, None),  # nothing to read: not found
     ],
-    ids=["torchvision-reference", "timm", "hf-trainer", "lightning-bar", "seconds-per-batch", "unit-after", "none"],
+    ids=[
+        "torchvision-reference",
+        "timm",
+        "hf-trainer",
+        "hf-trainer-5",
+        "lightning-bar",
+        "seconds-per-batch",
+        "unit-after",
+        "none",
+    ],
 )
 def test_the_speed_is_read_from_common_meters(printed, shown, kind):
     found = output.Run("x", [], output=printed).rate()
@@ -218,6 +237,10 @@ def test_speeds_of_different_kinds_get_no_ratio_and_a_missing_one_says_so():
 
 def test_hugging_face_s_logged_loss_is_read():
     assert output.Run("x", [], output=HF).metric("loss") == (2.4912, "2.4912")  # not train_loss's
+    run = output.Run("x", [], output=HF5)  # transformers >= 5: the values quoted
+    assert run.metric("loss") == (4.329, "4.329")
+    assert run.metric("loss", validation=True) == (4.316, "4.316")
+    assert [reading.value for reading in run.readings("loss")] == [4.312, 4.329]
 
 
 def test_the_stock_environment_has_nothing_of_nanopatch():

@@ -24,6 +24,7 @@ ADVERSARIAL = {
     "digits": "1" * N,
     "digits and points": "1." * (N // 2),
     "loss then spaces": "loss" + " " * N,
+    "quoted labels and quotes": "'loss': '" * (N // 9) + "'" * N,
     "accuracy then spaces": "val acc" + " " * N + "x",
     "rate label then spaces": "img/s" + " " * N + "x",
     "number then spaces": "5" + " " * N + "it",
