@@ -62,11 +62,15 @@ def test_fill_bernoulli_is_reproducible_from_the_seed_and_fills_strided_tensors(
     assert torch.equal(dropout.fill_bernoulli(torch.empty(64, 128), 0.7, g), a)
 
 
-@pytest.fixture
-def hashed(monkeypatch):
-    """Masks of any size draw their words through the counter hash, as where it measured faster."""
-    monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): (True, 1.0, 0.1)})
+@pytest.fixture(params=[dropout.HASH, dropout.NUMPY])
+def hashed(monkeypatch, request):
+    """Masks of any size draw their words through the counter hash, or NumPy's PCG64DXSM on
+    threads, as where either measured faster than torch's generator."""
+    fast = (0.1, 0.2) if request.param == dropout.HASH else (0.2, 0.1)
+    monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): dropout.Choice(request.param, 1.0, *fast)})
     monkeypatch.setattr(dropout, "HASH_MIN_WORDS", 1)
+    monkeypatch.setattr(dropout, "NUMPY_PART_WORDS", 1000)  # several parts even in small masks
+    return request.param
 
 
 def _splitmix64(counter, key):
@@ -81,6 +85,42 @@ def _splitmix64(counter, key):
 def test_hash_words_are_splitmix64_of_the_counters(key):
     words = dropout.hash_words(300, key).tolist()
     assert words == [_splitmix64(i, key % 2**64) for i in range(1, 301)]
+
+
+def test_numpy_words_are_pcg64dxsm_streams_per_part_whatever_the_thread_count(monkeypatch):
+    import numpy as np
+
+    monkeypatch.setattr(dropout, "NUMPY_PART_WORDS", 1000)
+    key = -(2**63) + 5  # as drawn from torch's generator: a signed value, used as its unsigned bits
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        words = [dropout.numpy_words(3500, key)]  # drawn on the pool's two threads
+        torch.set_num_threads(1)
+        words.append(dropout.numpy_words(3500, key))  # drawn in this thread
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(words[0], words[1]) and words[0].dtype == torch.int64
+    expected = [
+        np.random.PCG64DXSM(np.random.SeedSequence([key % 2**64, part])).random_raw(size).view(np.int64)
+        for part, size in enumerate([1000, 1000, 1000, 500])
+    ]
+    assert words[0].tolist() == np.concatenate(expected).tolist()
+    assert not torch.equal(dropout.numpy_words(3500, key + 1), words[0])
+
+
+def test_the_numpy_pool_is_the_processs_own(monkeypatch):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        pool = dropout._pool()
+        assert pool is dropout._pool() and pool._max_workers == 2
+        monkeypatch.setattr(dropout.os, "getpid", lambda: -1)  # as in a forked child
+        assert dropout._pool() is not pool
+        torch.set_num_threads(1)
+        assert dropout._pool() is None
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -117,17 +157,24 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch, cache):
     threads = torch.get_num_threads()
-    for generator_s, hash_s, uses in [(0.010, 0.001, True), (0.010, 0.0067, True), (0.010, 0.008, False)]:
-        timings = iter([generator_s, hash_s])
+    for generator_s, hash_s, numpy_s, uses in [
+        (0.010, 0.001, 0.005, dropout.HASH),
+        (0.010, 0.0067, 0.009, dropout.HASH),
+        (0.010, 0.008, 0.002, dropout.NUMPY),
+        (0.010, 0.009, 0.0066, dropout.NUMPY),
+        (0.010, 0.008, 0.0069, dropout.GENERATOR),  # neither clearly faster
+    ]:
+        timings = iter([generator_s, hash_s, numpy_s])
         monkeypatch.setattr(dropout, "_best", lambda draw, timings=timings: next(timings))
         monkeypatch.setattr(dropout, "chosen", {})
         cache.unlink(missing_ok=True)
-        assert dropout.hash_method() is uses
-        assert dropout.hash_method() is uses  # measured once per thread count
+        assert dropout.current_method() == uses
+        assert dropout.current_method() == uses  # measured once per thread count
+        assert dropout.hash_method() is (uses != dropout.GENERATOR)
         assert list(dropout.chosen) == [threads]
-        assert dropout.method()[0] is uses
+        assert dropout.method()[0].method == uses
     # small masks draw from the generator whatever was chosen
-    monkeypatch.setattr(dropout, "chosen", {threads: (True, 1.0, 0.1)})
+    monkeypatch.setattr(dropout, "chosen", {threads: dropout.Choice(dropout.HASH, 1.0, 0.1, 0.2)})
     torch.manual_seed(5)
     small = dropout.draw_words(dropout.HASH_MIN_WORDS - 1)
     torch.manual_seed(5)
@@ -135,26 +182,35 @@ def test_the_hash_is_chosen_only_where_it_measured_clearly_faster(monkeypatch, c
 
 
 def test_later_runs_on_the_machine_use_the_method_measured_first(monkeypatch, cache):
-    timings = iter([0.010, 0.001])
+    timings = iter([0.010, 0.001, 0.005])
     monkeypatch.setattr(dropout, "_best", lambda draw: next(timings))
     monkeypatch.setattr(dropout, "chosen", {})
-    assert dropout.hash_method() is True
+    threads = torch.get_num_threads()
+    assert dropout.current_method() == dropout.HASH
     [(key, record)] = json.loads(cache.read_text()).items()
-    assert key.endswith(f"|{torch.get_num_threads()} threads") and torch.__version__ in key
-    assert record == {"hash": True, "generator_ms": 10.0, "hash_ms": 1.0}
+    assert key.endswith(f"|{threads} threads") and torch.__version__ in key
+    assert record == {"method": "hash", "generator_ms": 10.0, "hash_ms": 1.0, "numpy_ms": 5.0}
     # a later process (nothing measured in it yet) reads the record instead of measuring
     monkeypatch.setattr(dropout, "chosen", {})
     monkeypatch.setattr(dropout, "_best", lambda draw: pytest.fail("measured again"))
-    assert dropout.hash_method() is True
-    assert dropout.method() == (True, 10.0, 1.0, 262144)
+    assert dropout.current_method() == dropout.HASH
+    assert dropout.method() == (dropout.Choice("hash", 10.0, 1.0, 5.0), 262144, threads)
     plan = Plan(name="M", seen=Seen(fast_dropout=True, dropout_method=dropout.method()))
-    assert plan.describe()["dropout_words"] == "counter hash (1.00 ms against the generator's 10.00 per 262144 words)"
+    words = "ms per 262144 words: generator 10.00, hash 1.00, NumPy 5.00"
+    assert plan.describe()["dropout_words"] == f"counter hash ({words})"
     assert "fast dropout masks (hashed on all threads)" in plan.summary()
-    # a record it cannot read is measured again
-    cache.write_text("{not json")
-    monkeypatch.setattr(dropout, "chosen", {})
-    monkeypatch.setattr(dropout, "_best", lambda draw: 0.005)
-    assert dropout.hash_method() is False
+    drawn = (dropout.Choice("numpy", 3.0, 2.0, 1.0), 8, 2)
+    numpy = Plan(name="M", seen=Seen(fast_dropout=True, dropout_method=drawn))
+    words = "ms per 8 words: generator 3.00, hash 2.00, NumPy 1.00"
+    assert numpy.describe()["dropout_words"] == f"NumPy PCG64DXSM on 2 threads ({words})"
+    assert "fast dropout masks (drawn on all threads)" in numpy.summary()
+    # a record it cannot read, or one of an older nanopatch (no "method"), is measured again
+    for unreadable in ("{not json", json.dumps({key: {"hash": True, "generator_ms": 10.0, "hash_ms": 1.0}})):
+        cache.write_text(unreadable)
+        monkeypatch.setattr(dropout, "chosen", {})
+        monkeypatch.setattr(dropout, "_best", lambda draw: 0.005)
+        assert dropout.current_method() == dropout.GENERATOR
+        assert json.loads(cache.read_text())[key]["method"] == "generator"
 
 
 def test_measuring_the_hash_leaves_the_runs_random_stream_alone(monkeypatch, cache):
@@ -234,8 +290,13 @@ def test_the_summary_says_when_masks_were_hashed(hashed):
     with nanopatch.patched(bf16=False, ipex=False):
         _one_step(Seq(), x)
         [plan] = [p for p in training_details() if p not in earlier]
-        assert plan["fast_dropout"] is True and plan["dropout_words"].startswith("counter hash (0.10 ms")
-        assert "fast dropout masks (hashed on all threads)" in training_patch.summary()[0]
+        assert plan["fast_dropout"] is True
+        if hashed == dropout.HASH:
+            assert plan["dropout_words"].startswith("counter hash (ms per 262144 words: generator 1.00, hash 0.10")
+            assert "fast dropout masks (hashed on all threads)" in training_patch.summary()[0]
+        else:
+            assert plan["dropout_words"].startswith(f"NumPy PCG64DXSM on {torch.get_num_threads()} thread")
+            assert "fast dropout masks (drawn on all threads)" in training_patch.summary()[0]
 
 
 def test_fast_dropout_off_gives_stocks_masks():
@@ -307,10 +368,10 @@ def train_transformer(data, epochs=6):
     return train_and_score(data, epochs, TinyClassifier, lambda params: torch.optim.AdamW(params, lr=3e-3))
 
 
-@pytest.mark.parametrize("words", ["generator", "hash"])
+@pytest.mark.parametrize("words", [dropout.GENERATOR, dropout.HASH, dropout.NUMPY])
 def test_a_transformer_with_dropout_learns_as_in_fp32_with_the_fast_paths_on(monkeypatch, words):
-    if words == "hash":
-        monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): (True, 1.0, 0.1)})
+    if words != dropout.GENERATOR:
+        monkeypatch.setattr(dropout, "chosen", {torch.get_num_threads(): dropout.Choice(words, 1.0, 0.1, 0.1)})
         monkeypatch.setattr(dropout, "HASH_MIN_WORDS", 1)
     calls = []
     real = dropout.fill_bernoulli

@@ -29,9 +29,10 @@ gradient before that operator is lost.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -73,16 +74,33 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, generator: Any = No
     return torch.lt(lanes, below).view(shape)
 
 
-# --- the random words: torch's generator, or a counter hash on torch's threads ---------------
+# --- the random words: torch's generator, NumPy's PCG64DXSM on threads, or a counter hash -------
 
-#: masks of fewer 64-bit words than this draw them from the generator (the hash's dozen
-#: operator calls would cost more than they save)
+#: masks of fewer 64-bit words than this draw them from torch's generator (the other methods'
+#: set-up would cost more than they save)
 HASH_MIN_WORDS = 1 << 16
 #: the words each method draws, timed, to choose between them (once per process and thread count)
 CALIBRATION_WORDS = 1 << 18
-#: the hash is chosen where it drew the calibration's words in at most this share of the generator's
-#: time: a clear win, so that a machine on which the two are close keeps one choice from run to run
+#: another method is chosen where it drew the calibration's words in at most this share of the
+#: generator's time: a clear win, so that a machine on which they are close keeps one choice from
+#: run to run
 HASH_WINS_BELOW = 0.67
+#: NumPy draws a mask's words in parts of this many, each from a PCG64DXSM stream of its own
+#: (seeded by the mask's key and the part's index), spread over torch's thread count: the words
+#: depend on the key and the count only, never on how many threads drew them
+NUMPY_PART_WORDS = 1 << 17
+#: the methods, by the name ``dropout.json`` and :func:`method` give them
+GENERATOR, NUMPY, HASH = "generator", "numpy", "hash"
+
+
+class Choice(NamedTuple):
+    """How large masks draw their words at one thread count, and the calibration's times (ms for
+    :data:`CALIBRATION_WORDS` words; None for a method not timed)."""
+
+    method: str
+    generator_ms: float
+    hash_ms: float | None
+    numpy_ms: float | None
 
 
 def _int64(value: int) -> int:
@@ -117,36 +135,97 @@ def _xor_shift(words: torch.Tensor, shift: int) -> None:
     words.bitwise_xor_(shifted)
 
 
+def numpy_words(count: int, key: int) -> torch.Tensor:
+    """``count`` 64-bit words (as int64) from NumPy's PCG64DXSM: part ``i`` of
+    :data:`NUMPY_PART_WORDS` words from the stream seeded by ``SeedSequence([key, i])`` (``key``
+    as an unsigned 64-bit value). NumPy draws without the GIL, so the parts are drawn on as many
+    threads as torch has intra-op threads (a pool of this process's), each straight into its
+    slice of the result."""
+    import numpy as np
+
+    words = torch.empty(count, dtype=torch.int64)
+    out = words.numpy()
+    seed = key & ((1 << 64) - 1)
+    starts = range(0, count, NUMPY_PART_WORDS)
+
+    def draw(index: int) -> None:
+        start = starts[index]
+        stop = min(start + NUMPY_PART_WORDS, count)
+        stream = np.random.PCG64DXSM(np.random.SeedSequence([seed, index]))
+        np.copyto(out[start:stop], stream.random_raw(stop - start).view(np.int64))
+
+    pool = _pool() if len(starts) > 1 else None
+    if pool is None:
+        for index in range(len(starts)):
+            draw(index)
+    else:
+        for _ in pool.map(draw, range(len(starts))):
+            pass
+    return words
+
+
+_pools: dict[tuple[int, int], Any] = {}
+_pool_lock = threading.Lock()  # not _lock: the calibration, under _lock, draws through the pool
+
+
+def _pool() -> Any:
+    """This process's thread pool for :func:`numpy_words`, one thread per intra-op thread of
+    torch's (None for one thread); a forked child makes its own."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return None
+    key = (os.getpid(), threads)
+    pool = _pools.get(key)
+    if pool is None:
+        with _pool_lock:
+            pool = _pools.get(key)
+            if pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                pool = _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="nanopatch-dropout")
+    return pool
+
+
 def _generator_words(count: int, generator: Any) -> torch.Tensor:
     return torch.empty(count, dtype=torch.int64).random_(-(2**63), None, generator=generator)
 
 
 def draw_words(count: int, generator: Any = None) -> torch.Tensor:
     """``count`` uniformly random int64 values. Torch's CPU generator draws them in one thread
-    whatever the tensor's size: on a 16-core AMX Xeon the transformer's 24 dropout masks took a
-    third of its training step there (``aten::random_``). Where :func:`hash_method` measured it
-    clearly faster on this process's threads, a large mask's words are instead a counter hash
-    (:func:`hash_words`) under a key drawn from ``generator``, so a seed still reproduces them."""
-    if count < HASH_MIN_WORDS or not hash_method():
+    whatever the tensor's size, one Mersenne-Twister step per 32 bits: on a 16-core AMX Xeon the
+    transformer's 24 dropout masks took a third of its training step there (``aten::random_``).
+    Where :func:`hash_method` measured another method clearly faster on this process's threads,
+    a large mask's words come from it instead, under a key drawn from ``generator``, so a seed
+    still reproduces them: NumPy's PCG64DXSM on threads (:func:`numpy_words`) or a counter hash
+    on torch's (:func:`hash_words`)."""
+    if count < HASH_MIN_WORDS:
+        return _generator_words(count, generator)
+    how = current_method()
+    if how == GENERATOR:
         return _generator_words(count, generator)
     key = int(_generator_words(1, generator).item())
-    return hash_words(count, key)
+    return numpy_words(count, key) if how == NUMPY else hash_words(count, key)
 
 
 _lock = threading.Lock()
-#: torch's intra-op thread count -> (whether the hash draws, generator ms, hash ms), as measured
-chosen: dict[int, tuple[bool, float, float]] = {}
+#: torch's intra-op thread count -> how large masks draw there, as measured
+chosen: dict[int, Choice] = {}
 #: where the measurement is kept for later runs, in nanopatch's cache folder
 RECORD_FILE = "dropout.json"
 
 
 def hash_method() -> bool:
-    """Whether large masks draw their words through :func:`hash_words` at this process's
-    intra-op thread count: measured once per count, on :data:`CALIBRATION_WORDS` words drawn by
-    each method (the best of three each, from a generator of its own, so the run's random stream
-    is untouched), and kept in ``dropout.json`` of nanopatch's cache folder for this torch, CPU
-    and thread count: later runs on the machine use the same method, so a seed gives them the
-    same masks."""
+    """Whether large masks draw their words otherwise than from torch's generator (see
+    :func:`current_method`)."""
+    return current_method() != GENERATOR
+
+
+def current_method() -> str:
+    """How large masks draw their words at this process's intra-op thread count: measured once
+    per count, on :data:`CALIBRATION_WORDS` words drawn by each method (the best of three each,
+    from generators of its own, so the run's random stream is untouched), and kept in
+    ``dropout.json`` of nanopatch's cache folder for this torch, CPU and thread count: later runs
+    on the machine use the same method, so a seed gives them the same masks."""
     threads = torch.get_num_threads()
     found = chosen.get(threads)
     if found is None:
@@ -154,30 +233,47 @@ def hash_method() -> bool:
             found = chosen.get(threads)
             if found is None:
                 found = chosen[threads] = _recorded_or_measured(threads)
-    return found[0]
+    return found.method
 
 
-def _recorded_or_measured(threads: int) -> tuple[bool, float, float]:
+def _recorded_or_measured(threads: int) -> Choice:
     from nanopatch.foundation import cpu
 
     key = f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads"
     record = records.read_record(key, RECORD_FILE)
     try:
-        return bool(record["hash"]), float(record["generator_ms"]), float(record["hash_ms"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError):
+        found = Choice(
+            str(record["method"]),  # type: ignore[index]
+            float(record["generator_ms"]),  # type: ignore[index]
+            _ms(record.get("hash_ms")),  # type: ignore[union-attr]
+            _ms(record.get("numpy_ms")),  # type: ignore[union-attr]
+        )
+        if found.method in (GENERATOR, NUMPY, HASH):
+            return found
+    except (TypeError, KeyError, ValueError, AttributeError):
         pass
     found = _calibrate()
-    records.write_record(
-        key, {"hash": found[0], "generator_ms": round(found[1], 3), "hash_ms": round(found[2], 3)}, RECORD_FILE
-    )
+    records.write_record(key, {name: _round(value) for name, value in found._asdict().items()}, RECORD_FILE)
     return found
 
 
-def _calibrate() -> tuple[bool, float, float]:
+def _ms(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _round(value: Any) -> Any:
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def _calibrate() -> Choice:
     own = torch.Generator().manual_seed(0)
     generator_s = _best(lambda: _generator_words(CALIBRATION_WORDS, own))
     hash_s = _best(lambda: hash_words(CALIBRATION_WORDS, 1))
-    return hash_s <= HASH_WINS_BELOW * generator_s, 1000 * generator_s, 1000 * hash_s
+    numpy_s = _best(lambda: numpy_words(CALIBRATION_WORDS, 1))
+    how, fastest = min(((NUMPY, numpy_s), (HASH, hash_s)), key=lambda item: item[1])
+    if fastest > HASH_WINS_BELOW * generator_s:
+        how = GENERATOR
+    return Choice(how, 1000 * generator_s, 1000 * hash_s, 1000 * numpy_s)
 
 
 def _best(draw: Any, times: int = 3) -> float:
@@ -190,18 +286,20 @@ def _best(draw: Any, times: int = 3) -> float:
     return best
 
 
-def method() -> tuple[bool, float, float, int] | None:
-    """How large masks draw their words at this thread count: (the counter hash or not, the
-    generator's and the hash's milliseconds for the words timed, those words); None where not
-    measured yet."""
-    found = chosen.get(torch.get_num_threads())
-    return None if found is None else (*found, CALIBRATION_WORDS)
+def method() -> tuple[Choice, int, int] | None:
+    """How large masks draw their words at this thread count: (the :class:`Choice`, the words
+    timed, the thread count); None where not measured yet."""
+    threads = torch.get_num_threads()
+    found = chosen.get(threads)
+    return None if found is None else (found, CALIBRATION_WORDS, threads)
 
 
 def fill_bernoulli(tensor: torch.Tensor, p: float, generator: Any = None) -> torch.Tensor:
-    """``tensor.bernoulli_(p)`` from :func:`keep_mask` (copied as bytes: torch converts uint8 to
-    floating types in vector code and bool element by element, five times slower)."""
-    return tensor.copy_(keep_mask(tensor.shape, p, generator).view(torch.uint8))
+    """``tensor.bernoulli_(p)`` from the lanes of :func:`keep_mask`, compared straight into
+    ``tensor`` (one pass: no bool mask to convert, which torch does element by element)."""
+    n = tensor.numel()
+    lanes = draw_words((n + 3) // 4, generator).view(torch.int16)[:n]
+    return torch.lt(lanes.view(tensor.shape), round(p * _LANES) - _LANES // 2, out=tensor)
 
 
 def note_drawn() -> None:

@@ -99,8 +99,8 @@ class Seen:
     computed_in: str | None = None  # dtype name the forward's floating outputs were computed in
     autocast: str | None = None  # "nanopatch", "framework" (an autocast already on), or None
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
-    # how large masks drew their words (dropout.method: hashed or not, generator and hash ms, words timed)
-    dropout_method: tuple[bool, float, float, int] | None = None
+    # how large masks drew their words (dropout.method(): the Choice, words timed, threads)
+    dropout_method: tuple[Any, int, int] | None = None
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -181,11 +181,14 @@ class Plan:
     def _dropout_words(self) -> str | None:
         if self.seen.dropout_method is None:
             return None
-        hashed, generator_ms, hash_ms, words = self.seen.dropout_method
-        return (
-            f"{'counter hash' if hashed else 'torch generator'} "
-            f"({hash_ms:.2f} ms against the generator's {generator_ms:.2f} per {words} words)"
-        )
+        choice, words, threads = self.seen.dropout_method
+        label = {
+            "numpy": f"NumPy PCG64DXSM on {threads} thread{'s' if threads != 1 else ''}",
+            "hash": "counter hash",
+        }.get(choice.method, "torch generator")
+        timed = [("hash", choice.hash_ms), ("NumPy", choice.numpy_ms)]
+        others = "".join(f", {name} {ms:.2f}" for name, ms in timed if ms is not None)
+        return f"{label} (ms per {words} words: generator {choice.generator_ms:.2f}{others})"
 
     def _compile_state(self) -> str | None:
         """compile="auto"'s decision; while there is none, "waiting" (eager steps until they have
@@ -207,8 +210,9 @@ class Plan:
         if self.ipex:
             parts.append("IPEX")
         if self.seen.fast_dropout:
-            hashed = self.seen.dropout_method is not None and self.seen.dropout_method[0]
-            parts.append(f"fast dropout masks{' (hashed on all threads)' if hashed else ''}")
+            how = self.seen.dropout_method[0].method if self.seen.dropout_method is not None else None
+            where = {"hash": " (hashed on all threads)", "numpy": " (drawn on all threads)"}.get(how or "", "")
+            parts.append(f"fast dropout masks{where}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         if self.frozen is not None and self.frozen.on and self.frozen.count():
