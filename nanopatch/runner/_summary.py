@@ -90,7 +90,7 @@ def speed(stock: Any, patched: Any) -> str:
         )
     rate_s, rate_p = stock.rate(), patched.rate()
     if rate_s is not None and rate_p is not None and rate_s[2] == rate_p[2] and rate_s[0] > 0 and rate_p[0] > 0:
-        unit = "images/s" if rate_s[2] == "labelled" else ("batches/s" if rate_s[2] == "batches" else "/s")
+        unit = patched.rate_unit()
         figures = f"{_number(rate_p[0])} {unit} against stock's {_number(rate_s[0])} (the script's own meter)"
         return f"{_verdict(rate_p[0] / rate_s[0])}: {figures}"
     times = [(run.report or {}).get("breakdown") or {} for run in (stock, patched)]

@@ -93,6 +93,19 @@ class Run:
             shown = f"{value:.4g}" + {"per second": "/s", "batches": " it/s"}.get(kind, "")
         return value, f"{shown} (median of {len(values)})", kind
 
+    def rate_unit(self) -> str:
+        """What the script's own meter (:meth:`rate`) counts: "samples/s" for a labelled meter
+        of samples or examples (the HF Trainer's ``train_samples_per_second``), "images/s" for
+        another labelled one, "batches/s" for a progress bar's, "/s" for timm's unlabelled rate."""
+        found = [rate for line in self.output for segment in line.split("\r") if (rate := _rate_in(segment))]
+        if not found:
+            return "images/s"
+        strongest = min(rate[0] for rate in found)
+        kind, matched = [rate for rate in found if rate[0] == strongest][-1][3:]
+        if kind == "labelled":
+            return "samples/s" if re.search(r"sampl|exampl", matched, re.I) else "images/s"
+        return "batches/s" if kind == "batches" else "/s"
+
     def metric(self, key: str, validation: bool = False) -> tuple[float, str] | None:
         """The last value the script printed with this label: (value, as printed with its
         unit); with ``validation``, the last of an evaluation's (a label such as ``val loss``
@@ -153,9 +166,9 @@ def _compact(shown: str) -> str:
 _STRENGTH = {kind: rank for rank, kind in enumerate(dict.fromkeys(kind for kind, _ in RATE_KINDS))}
 
 
-def _rate_in(text: str) -> tuple[int, float, str, str] | None:
+def _rate_in(text: str) -> tuple[int, float, str, str, str] | None:
     """The speed ``text`` prints, by the first of :data:`RATE_KINDS` it has: (strength, value,
-    as shown, kind)."""
+    as shown, kind, the text matched)."""
     for kind, pattern in RATE_KINDS:
         if kind == "batches" and _EVALUATION_LINE.search(text):
             continue
@@ -170,5 +183,5 @@ def _rate_in(text: str) -> tuple[int, float, str, str] | None:
                 value = 1.0 / value if value else 0.0
         elif kind == "per second":
             shown += "/s"
-        return _STRENGTH[kind], value, shown, kind
+        return _STRENGTH[kind], value, shown, kind, match.group(0)
     return None

@@ -15,9 +15,10 @@ def table(stock: Run, patched: Run) -> str:
     ]
     rate_s, rate_p = stock.rate(), patched.rate()
     same_kind = rate_s is not None and rate_p is not None and rate_s[2] == rate_p[2]
+    samples = "samples/s" in (stock.rate_unit(), patched.rate_unit())
     rows.append(
         (
-            "images/s",
+            "samples/s" if samples else "images/s",
             "not found" if rate_s is None else rate_s[1],
             "not found" if rate_p is None else rate_p[1],
             _ratio(rate_p[0], rate_s[0]) if same_kind else "",

@@ -224,6 +224,33 @@ def test_the_speed_is_read_from_common_meters(printed, shown, kind):
         assert found[0] == pytest.approx(1 / 2.10)
 
 
+@pytest.mark.parametrize(
+    ("printed", "unit"),
+    [
+        (TORCHVISION_REFERENCE, "images/s"),
+        (HF, "samples/s"),
+        (HF5, "samples/s"),
+        (["1.2e3 examples/sec"], "samples/s"),
+        (LIGHTNING, "batches/s"),
+        (TIMM, "/s"),
+        ([], "images/s"),
+    ],
+)
+def test_the_meter_s_unit_is_what_its_label_counts(printed, unit):
+    assert output.Run("x", [], output=printed).rate_unit() == unit
+
+
+def test_a_samples_meter_is_called_samples_in_the_table_and_the_summary():
+    from nanopatch.runner import _summary
+
+    stock = output.Run("stock", [], exit_code=0, output=HF5)
+    faster = [line.replace("'12.71'", "'25.42'") for line in HF5]
+    patched = output.Run("nanopatch", [], exit_code=0, output=faster)
+    rows = table_rows(report.table(stock, patched))
+    assert rows["samples/s"] == ["12.71", "25.42", "2.00x"] and "images/s" not in rows
+    assert _summary.speed(stock, patched).endswith("25.4 samples/s against stock's 12.7 (the script's own meter)")
+
+
 def test_speeds_of_different_kinds_get_no_ratio_and_a_missing_one_says_so():
     stock = output.Run("stock", [], exit_code=0, output=["12.0 img/s"])
     patched = output.Run("nanopatch", [], exit_code=0, output=["3.5it/s"])
