@@ -258,7 +258,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
         plan.trial = trial_for(model)
     plan.frozen = frozen.Copies(model) if plan.amp_dtype is not None and not plan.ipex else None
-    plan.masks = bool(cfg.fast_dropout) and not plan.compile_mode and dropout.installed()
+    plan.masks = bool(cfg.fast_dropout) and dropout.installed()  # compiled graphs too: compiled_masks
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None

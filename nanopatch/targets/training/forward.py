@@ -28,7 +28,7 @@ from torch import nn
 from nanopatch import engine
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import amp, dropout, frozen
+from . import amp, compiled_masks, dropout, frozen
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, tls
 
@@ -255,10 +255,19 @@ def _compiled(module: nn.Module, plan: Plan, forward: Any) -> Any:
             _compile_failed(module, plan, exc)
             return forward
     compiled = plan.compiled
+    masks = plan.masks and dropout.installed() and compiled_masks.install()
 
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
-            return compiled(*args, **kwargs)
+            if not masks:
+                return compiled(*args, **kwargs)
+            before = compiled_masks.drawn()
+            with compiled_masks.tracing():
+                out = compiled(*args, **kwargs)
+            if compiled_masks.drawn() != before:
+                plan.seen.fast_dropout = True
+                plan.seen.dropout_method = dropout.method()
+            return out
         except Exception as exc:
             try:
                 result = forward(*args, **kwargs)

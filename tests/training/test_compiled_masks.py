@@ -1,0 +1,133 @@
+"""Dropout masks in the graphs nanopatch compiles (``compile=``) come from nanopatch's fast
+masks (an operator of its own in the graph), not Inductor's per-element Philox draws: the
+masks' distribution, forward and backward agreeing, two dropouts of one tensor drawing two
+masks, a script's own ``torch.compile`` left to Inductor, and the decomposition tables restored
+exactly at unpatch. Each test compiles once (tens of seconds on two cores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_fast_paths import marker_task, train_transformer
+from torch import nn
+
+import nanopatch
+from nanopatch.targets.training import compiled_masks, dropout
+
+from conftest import AUTO_COMPUTE
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch, "compile") or not torch._dynamo.is_dynamo_supported(), reason="no torch.compile here"
+)
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    nanopatch.unpatch_torch()
+    torch._dynamo.reset()
+    yield
+    nanopatch.unpatch_torch()
+    torch._dynamo.reset()
+
+
+class TwoDrops(nn.Module):
+    """Two dropouts of one tensor (their masks must differ) and one of another."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(128, 128)
+
+    def forward(self, x):
+        h = self.linear(x)
+        return F.dropout(h, 0.25, True), F.dropout(h, 0.25, True), F.dropout(x * 2, 0.5, True)
+
+
+def _tables():
+    from torch._inductor import decomposition
+
+    return [decomposition.fast_random_decomps(), decomposition.decompositions]
+
+
+def test_compiled_dropout_draws_nanopatchs_masks_and_the_backward_uses_them(monkeypatch):
+    before = [table.get(aten.native_dropout.default) for table in _tables()]
+    drawn = []
+    real = dropout.keep_mask
+    monkeypatch.setattr(
+        dropout, "keep_mask", lambda shape, p, g=None: drawn.append((tuple(shape), p)) or real(shape, p)
+    )
+    model = TwoDrops()
+    x = torch.randn(256, 128)
+    with nanopatch.patched(bf16=False, ipex=False, compile="default"):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        for _ in range(3):  # the first step finds the model; the next ones run it compiled
+            optimizer.zero_grad()
+            xg = x.clone().requires_grad_(True)
+            a, b, c = model(xg)
+            (a.sum() + b.sum() + c.sum()).backward()
+            optimizer.step()
+        assert compiled_masks.installed()
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["fast_dropout"] is True and plan["compile"] not in (False, None)
+    assert [table.get(aten.native_dropout.default) for table in _tables()] == before  # restored
+    assert all(
+        now is was for now, was in zip([t.get(aten.native_dropout.default) for t in _tables()], before, strict=True)
+    )
+    assert not compiled_masks.installed()
+    from torch._inductor import config as inductor_config
+
+    assert inductor_config.joint_custom_pre_pass is None  # the cache-key pass removed
+    # the compiled steps drew three masks each through nanopatch's generator
+    assert drawn[-3:] == [((256, 128), 0.75), ((256, 128), 0.75), ((256, 128), 0.5)]
+    keep_a, keep_b, keep_c = (a != 0), (b != 0), (c != 0)
+    assert abs(keep_a.float().mean().item() - 0.75) < 0.02 and abs(keep_c.float().mean().item() - 0.5) < 0.02
+    assert not torch.equal(keep_a, keep_b)  # two dropouts of one tensor: two masks
+    h = model.linear(x).detach()
+    torch.testing.assert_close(a.detach(), torch.where(keep_a, h / 0.75, 0.0))
+    # the backward multiplied by the forward's masks: d(c)/dx = 2 * mask / 0.5 on x's own path
+    # (and the linear's path through a and b), so where c dropped an element, only the linear's
+    expected = (keep_a.float() / 0.75 + keep_b.float() / 0.75) @ model.linear.weight + keep_c.float() * 4
+    torch.testing.assert_close(xg.grad, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_joint_pass_of_the_scripts_own_leaves_the_masks_to_inductor():
+    from torch._inductor import config as inductor_config
+
+    mine = object()
+    inductor_config.joint_custom_pre_pass = mine  # not monkeypatch: its undo deletes a config entry
+    try:
+        with nanopatch.patched(bf16=False, ipex=False, compile="default"):
+            assert not compiled_masks.install()
+            assert inductor_config.joint_custom_pre_pass is mine
+    finally:
+        inductor_config.joint_custom_pre_pass = None
+
+
+def test_a_scripts_own_torch_compile_keeps_inductors_masks(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(dropout, "keep_mask", lambda *a: drawn.append(1) or pytest.fail("ours drawn"))
+    with nanopatch.patched(bf16=False, ipex=False, compile="default"):
+        assert compiled_masks.install()  # as after nanopatch's first compile
+        f = torch.compile(lambda x: F.dropout(x, 0.5, True))
+        out = f(torch.ones(64, 64))
+        assert set(out.unique().tolist()) <= {0.0, 2.0}
+    assert drawn == []
+
+
+def test_a_compiled_transformer_with_dropout_learns_as_stock():
+    """The fast-paths test's transformer task (dropout in its attention and feed-forward),
+    trained compiled by nanopatch (its masks drawn in the graph by nanopatch) against stock eager,
+    in the precision nanopatch gives it on this CPU."""
+    data = marker_task()
+    with nanopatch.unpatched():
+        stock = train_transformer(data)
+    before = compiled_masks.drawn()
+    with nanopatch.patched(bf16=AUTO_COMPUTE == "bfloat16", ipex=False, compile="default"):
+        patched = train_transformer(data)
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["fast_dropout"] is True and plan["compile"] == "default"
+        assert not any("compile failed" in note for note in plan["notes"])
+    assert compiled_masks.drawn() > before, "no mask was drawn in the compiled graph"
+    assert stock > 70, f"the task is too hard to compare on ({stock:.1f}%)"
+    assert abs(patched - stock) <= 1.0 or patched > stock, f"compiled {patched:.2f}% vs stock {stock:.2f}%"
