@@ -71,16 +71,9 @@ class Run:
         :data:`RATE_KINDS` the output has; None when it has none. A meter printed several times
         gives the median of its values after the first (the first step's one-off costs), which
         a last, smaller batch or a slow moment does not sway; it is shown with their count."""
-        found = []
-        for line in self.output:
-            for segment in line.split("\r"):  # a progress bar redraws itself on one line
-                rate = _rate_in(segment)
-                if rate is not None:
-                    found.append(rate)
-        if not found:
+        values = self._meter()
+        if not values:
             return None
-        strongest = min(rate[0] for rate in found)
-        values = [rate for rate in found if rate[0] == strongest]
         values = sorted(values[1:] if len(values) > 1 else values, key=lambda rate: rate[1])
         kind = values[0][3]
         middle = len(values) // 2
@@ -97,14 +90,27 @@ class Run:
         """What the script's own meter (:meth:`rate`) counts: "samples/s" for a labelled meter
         of samples or examples (the HF Trainer's ``train_samples_per_second``), "images/s" for
         another labelled one, "batches/s" for a progress bar's, "/s" for timm's unlabelled rate."""
-        found = [rate for line in self.output for segment in line.split("\r") if (rate := _rate_in(segment))]
-        if not found:
+        values = self._meter()
+        if not values:
             return "images/s"
-        strongest = min(rate[0] for rate in found)
-        kind, matched = [rate for rate in found if rate[0] == strongest][-1][3:]
+        kind, matched = values[-1][3:]
         if kind == "labelled":
             return "samples/s" if re.search(r"sampl|exampl", matched, re.I) else "images/s"
         return "batches/s" if kind == "batches" else "/s"
+
+    def _meter(self) -> list[tuple[int, float, str, str, str]]:
+        """Every reading of the strongest kind of :data:`RATE_KINDS` in the output, in order (see
+        :func:`_rate_in`); empty where there is none."""
+        found = []
+        for line in self.output:
+            for segment in line.split("\r"):  # a progress bar redraws itself on one line
+                rate = _rate_in(segment)
+                if rate is not None:
+                    found.append(rate)
+        if not found:
+            return []
+        strongest = min(rate[0] for rate in found)
+        return [rate for rate in found if rate[0] == strongest]
 
     def metric(self, key: str, validation: bool = False) -> tuple[float, str] | None:
         """The last value the script printed with this label: (value, as printed with its

@@ -123,6 +123,8 @@ def install() -> bool:
     life (once; the first compile calls it). False where this torch has no decomposition to
     replace or cannot define the operator, or a script set Inductor's ``joint_custom_pre_pass``:
     Inductor's own masks stay."""
+    if _installed:  # every compiled forward asks: no lock once it is on
+        return True
     with _lock:
         if _installed:
             return True
@@ -172,5 +174,4 @@ def _decomposition(original: Any) -> Any:
             return mask * input * float(1.0 / (1.0 - p)), mask
         return original(input, p, train)
 
-    native_dropout.original = original  # type: ignore[attr-defined]
     return native_dropout

@@ -194,7 +194,7 @@ def draw_words(count: int, generator: Any = None) -> torch.Tensor:
     """``count`` uniformly random int64 values. Torch's CPU generator draws them in one thread
     whatever the tensor's size, one Mersenne-Twister step per 32 bits: on a 16-core AMX Xeon the
     transformer's 24 dropout masks took a third of its training step there (``aten::random_``).
-    Where :func:`hash_method` measured another method clearly faster on this process's threads,
+    Where :func:`current_method` measured another method clearly faster on this process's threads,
     a large mask's words come from it instead, under a key drawn from ``generator``, so a seed
     still reproduces them: NumPy's PCG64DXSM on threads (:func:`numpy_words`) or a counter hash
     on torch's (:func:`hash_words`)."""
@@ -212,12 +212,6 @@ _lock = threading.Lock()
 chosen: dict[int, Choice] = {}
 #: where the measurement is kept for later runs, in nanopatch's cache folder
 RECORD_FILE = "dropout.json"
-
-
-def hash_method() -> bool:
-    """Whether large masks draw their words otherwise than from torch's generator (see
-    :func:`current_method`)."""
-    return current_method() != GENERATOR
 
 
 def current_method() -> str:
