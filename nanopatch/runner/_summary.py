@@ -208,6 +208,8 @@ def accelerated_parts(report: dict, used: set[str] = frozenset()) -> list[str]:
             what.append("fast dropout masks")
         if (model.get("frozen_weights") or "").split(" ", 1)[0].isdigit():
             what.append(model["frozen_weights"].split(" (", 1)[0])  # "N frozen weights cast to bf16 once"
+        if model.get("gelu_kernel"):
+            what.append("GELU on torch's kernel")
         what.extend(note.replace(": ", "'s ", 1) for note in model.get("notes", []) if note.endswith(" step"))
         if model.get("data_parallel"):
             what.append("data-parallel")

@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from nanopatch import engine
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import amp, compiled_masks, dropout, frozen
+from . import activations, amp, compiled_masks, dropout, frozen
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, tls
 
@@ -115,6 +116,23 @@ class Fp32Forward(_InstanceForward):
         args = tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args)
         with torch.autocast("cpu", enabled=False):
             return forward(*args, **kwargs)
+
+
+class GeluForward(_InstanceForward):
+    """The ``forward`` of a module whose own computes GELU as element-wise operators
+    (:mod:`.activations`): torch's GELU kernel with the same approximation, for one floating
+    tensor; anything else goes to the module's own forward."""
+
+    def __init__(self, module: nn.Module, approximate: str) -> None:
+        super().__init__(module, engine.NOTSET)
+        self.approximate = approximate
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs:
+            value = args[0]
+            if type(value) is torch.Tensor and value.is_floating_point():
+                return F.gelu(value, approximate=self.approximate)
+        return self.original()(*args, **kwargs)
 
 
 class ours:
@@ -315,13 +333,18 @@ def install(module: nn.Module, plan: Plan) -> None:
                 plan.heads.append(head)
         if plan.heads:
             plan.notes.append(f"{len(plan.heads)} output activation(s) computed in fp32")
+    for sub, approximate in activations.candidates(module):
+        context().set_on(sub, "forward", GeluForward(sub, approximate))
+        plan.gelus.append(sub)
     plan.installed = True
 
 
 def uninstall_heads(plan: Plan) -> None:
-    for head in plan.heads:
-        context().restore_on(head, "forward")
+    """Give the output activations and GELU modules their own forwards back."""
+    for sub in (*plan.heads, *plan.gelus):
+        context().restore_on(sub, "forward")
     plan.heads.clear()
+    plan.gelus.clear()
 
 
 def uninstall(module: nn.Module, plan: Plan) -> None:

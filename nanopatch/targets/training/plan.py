@@ -133,6 +133,7 @@ class Plan:
     trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
     fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
     heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
+    gelus: list[Any] = dataclasses.field(default_factory=list)  # GELUs written out, on torch's kernel
     installed: bool = False
     previous_forward: Any = engine.NOTSET
     setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
@@ -154,6 +155,7 @@ class Plan:
             "compile": self.compile_mode,
             "data_parallel": self.ddp is not None,
             "fp32_heads": len(self.heads),
+            "gelu_kernel": len(self.gelus),
             "stock": self.stock,
             "notes": list(self.notes),
             "training_calls": self.seen.training_calls,
@@ -215,6 +217,8 @@ class Plan:
             parts.append(f"fast dropout masks{where}")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
+        if self.gelus:
+            parts.append(f"GELU on torch's kernel ({len(self.gelus)} module{'s' if len(self.gelus) != 1 else ''})")
         if self.frozen is not None and self.frozen.on and self.frozen.count():
             parts.append(f"{self.frozen.count()} frozen weights cast once")
         parts.extend(note for note in self.notes if note.endswith(" step"))
