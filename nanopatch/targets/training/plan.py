@@ -168,6 +168,13 @@ class Plan:
             "frozen_weights": self._frozen_weights(),
         }
 
+    def bf16_off(self) -> None:
+        """The bf16 trial's "off": fp32 from the next training call on, which is probed (it
+        computes in fp32 now); no bf16 products, so no copies of frozen weights."""
+        self.amp_dtype = None
+        self.reprobe = True
+        self.frozen = None
+
     def _frozen_weights(self) -> str | None:
         """How many frozen weights its bf16 products take as copies made once (frozen.Copies)."""
         copies = self.frozen
@@ -329,18 +336,14 @@ class Trial:
         if noise and not self._clear() and not self._beyond_noise():
             # as long as it measured, the difference stayed within the steps' own noise (other
             # work sharing the cores): fp32, stock's dtype, is the known-safe choice
-            plan.amp_dtype = None
-            plan.reprobe = True
-            plan.frozen = None  # no bf16 products from now on: no copies of frozen weights
+            plan.bf16_off()
             plan.bf16_measured = (
                 f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
                 f"the steps' noise {noise:.0%})"
             )
             plan.notes.append(f"bf16 autocast off: not clearly faster than fp32 ({verdict}, noise {noise:.0%})")
         elif bf16 > fp32 * (1 + self.margin):
-            plan.amp_dtype = None
-            plan.reprobe = True  # the next training call is probed: it computes in fp32 now
-            plan.frozen = None
+            plan.bf16_off()
             plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
             plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
         else:
