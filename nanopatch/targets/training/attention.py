@@ -40,7 +40,7 @@ _causal: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # additive causa
 
 def eligible(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, is_causal: bool, gqa: bool) -> bool:
     """Whether a call can take the bf16 path (anything else goes to the operator unchanged)."""
-    if gqa or not isinstance(dropout_p, float) or not dropout._EDGE <= dropout_p <= 1 - dropout._EDGE:
+    if gqa or not isinstance(dropout_p, float) or not dropout.drawable(dropout_p):
         return False
     tensors = (query, key, value)
     if any(type(t) is not torch.Tensor or t.is_nested or t.device.type != "cpu" for t in tensors):

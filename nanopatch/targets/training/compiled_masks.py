@@ -165,8 +165,7 @@ def _decomposition(original: Any) -> Any:
         if (
             getattr(_local, "ours", 0) > 0
             and train
-            and isinstance(p, (float, int))
-            and dropout._EDGE <= p <= 1 - dropout._EDGE
+            and dropout.drawable(p)
             and input.device.type == "cpu"
             and input.is_floating_point()
         ):

@@ -337,7 +337,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     if plan.ipex and plan.amp_dtype is not None:
         plan.compile_mode = False
         plan.installed = False
-        fw.uninstall_heads(plan)
+        fw.uninstall_submodules(plan)
         fw.keep(module)
         warn_once(
             "ipex-kept",

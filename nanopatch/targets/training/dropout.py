@@ -52,14 +52,19 @@ disabled = [False]
 _installed: list[Any] = []  # the journal's entry while the kernel is registered
 
 
+def drawable(p: Any) -> bool:
+    """Whether a dropout probability can be drawn from 16-bit lanes closely enough: a number at
+    least 1/1024 from 0 and 1."""
+    return isinstance(p, (float, int)) and _EDGE <= p <= 1 - _EDGE
+
+
 def eligible(tensor: torch.Tensor, p: Any, generator: Any) -> bool:
     return (
         type(tensor) is torch.Tensor
         and tensor.device.type == "cpu"
         and tensor.is_floating_point()
         and tensor.numel() >= MIN_ELEMENTS
-        and isinstance(p, (float, int))
-        and _EDGE <= p <= 1 - _EDGE
+        and drawable(p)
         and (generator is None or generator.device.type == "cpu")
     )
 

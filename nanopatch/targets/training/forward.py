@@ -339,7 +339,7 @@ def install(module: nn.Module, plan: Plan) -> None:
     plan.installed = True
 
 
-def uninstall_heads(plan: Plan) -> None:
+def uninstall_submodules(plan: Plan) -> None:
     """Give the output activations and GELU modules their own forwards back."""
     for sub in (*plan.heads, *plan.gelus):
         context().restore_on(sub, "forward")
@@ -349,7 +349,7 @@ def uninstall_heads(plan: Plan) -> None:
 
 def uninstall(module: nn.Module, plan: Plan) -> None:
     context().restore_on(module, "forward")
-    uninstall_heads(plan)
+    uninstall_submodules(plan)
     plan.installed = False
 
 
