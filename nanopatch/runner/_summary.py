@@ -210,6 +210,8 @@ def accelerated_parts(report: dict, used: set[str] = frozenset()) -> list[str]:
             what.append(model["frozen_weights"].split(" (", 1)[0])  # "N frozen weights cast to bf16 once"
         if model.get("gelu_kernel"):
             what.append("GELU on torch's kernel")
+        if model.get("loss_on_bf16_logits"):
+            what.append("causal-LM loss on the bf16 logits")
         what.extend(note.replace(": ", "'s ", 1) for note in model.get("notes", []) if note.endswith(" step"))
         if model.get("data_parallel"):
             what.append("data-parallel")

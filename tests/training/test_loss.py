@@ -4,6 +4,8 @@ after unpatch; a language model computing its loss in its forward learns as stoc
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +13,9 @@ from torch import nn
 
 import nanopatch
 from nanopatch.targets.training import loss
+from nanopatch.targets.training import patch as training
 
-from helpers.learning_oracle import learns_as_stock
+from helpers.learning_oracle import framework, learns_as_stock
 from helpers.training_tasks import STEPS, loop
 
 VOCAB = 5000
@@ -110,3 +113,152 @@ def test_calls_it_does_not_take_are_autocasts_own(kwargs):
     assert type(patched.grad_fn) is type(stock.grad_fn)
     torch.testing.assert_close(patched, stock, rtol=0, atol=0)
     assert not loss._installed
+
+
+# --- transformers' causal-LM loss on the bf16 logits -------------------------------------------
+
+
+def _loss_utils():
+    framework("transformers")
+    return importlib.import_module("transformers.loss.loss_utils")
+
+
+def _bf16_logits(shape=(3, 20, VOCAB), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * 3).bfloat16()
+
+
+def _labels(shape=(3, 20), seed=1, ignored=(0, 5)):
+    labels = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+    labels[ignored] = -100
+    return labels
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"num_items_in_batch": torch.tensor(41)},
+        {"num_items_in_batch": 41},
+        {"shift_labels": _labels(seed=2).roll(-1, 1).contiguous()},
+        {"output_attentions": None, "output_hidden_states": False},  # what peft's forward passes on
+    ],
+)
+def test_the_loss_on_bf16_logits_is_transformers_own(extra):
+    """The same loss (fp32) and the same bf16 gradient as transformers' function, which copies the
+    logits to fp32, from the bf16 logits themselves."""
+    original = _loss_utils().ForCausalLMLoss
+    signature = loss._signature(original)
+    logits, labels = _bf16_logits(), _labels()
+    theirs_in, ours_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    theirs = original(theirs_in, labels, vocab_size=VOCAB, **extra)
+    ours = loss._on_logits(signature, (ours_in, labels), {"vocab_size": VOCAB, **extra})
+    assert ours is not None and ours.dtype == theirs.dtype == torch.float32
+    assert type(ours.grad_fn).__name__ != "ToCopyBackward0"
+    (theirs * 2.5).backward()
+    (ours * 2.5).backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    assert ours_in.grad.dtype == theirs_in.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(ours_in.grad.float(), theirs_in.grad.float(), rtol=1 / 128, atol=1e-8)
+    assert (ours_in.grad != theirs_in.grad).float().mean() < 1e-3  # one rounding apart, rarely
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda logits, labels: (logits.float(), labels, {}),  # fp32 logits: transformers' own
+        lambda logits, labels: (logits.transpose(0, 1), labels.t(), {}),  # not contiguous
+        lambda logits, labels: (logits[..., :64], labels, {}),  # fewer classes than MIN_CLASSES
+        lambda logits, labels: (logits, labels, {"position_ids": torch.arange(20)}),  # unknown tensor argument
+        lambda logits, labels: (logits, labels.int(), {}),  # int32 labels
+    ],
+)
+def test_calls_the_bf16_loss_does_not_take_are_left_to_transformers(change):
+    logits, labels, extra = change(_bf16_logits().requires_grad_(), _labels())
+    vocab = logits.shape[-1]
+    assert loss._on_logits(loss._signature(_loss_utils().ForCausalLMLoss), (logits, labels, vocab), extra) is None
+
+
+def _small_gpt2(dropout: float = 0.0):
+    transformers = framework("transformers")
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_a_gpt2_takes_it_while_patched_and_transformers_gets_its_function_back():
+    utils = _loss_utils()
+    original = utils.LOSS_MAPPING["ForCausalLM"]
+    torch.manual_seed(0)
+    model = _small_gpt2()
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    with nanopatch.patched(bf16=True, ipex=False, compile=False):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            optimizer.zero_grad()
+            out = model(input_ids=tokens, labels=tokens)
+            out.loss.backward()
+            optimizer.step()
+        assert utils.LOSS_MAPPING["ForCausalLM"] is not original
+        assert utils.LOSS_MAPPING["ForCausalLM"].__wrapped__ is original
+        assert out.loss.dtype == out.logits.dtype == torch.float32  # types out as stock's
+        assert type(out.loss.grad_fn).__name__ == "ChunkedCrossEntropyBackward"
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["loss_on_bf16_logits"] is True
+        assert "causal-LM loss on the bf16 logits" in training.plans[model].summary()
+        with torch.no_grad():  # outside a training call: transformers' own
+            assert type(model(input_ids=tokens, labels=tokens).loss.grad_fn) is type(None)
+    assert utils.LOSS_MAPPING["ForCausalLM"] is original
+
+
+def test_in_fp32_the_mapping_is_left_alone():
+    utils = _loss_utils()
+    original = utils.LOSS_MAPPING["ForCausalLM"]
+    model = _small_gpt2()
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    with nanopatch.patched(bf16=False, ipex=False, compile=False):
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        assert utils.LOSS_MAPPING["ForCausalLM"] is original
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["loss_on_bf16_logits"] is False
+
+
+def test_a_loss_function_that_computes_something_else_keeps_it(monkeypatch):
+    utils = _loss_utils()
+    original = utils.ForCausalLMLoss
+
+    def smoothed(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
+        return original(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels) * 1.01
+
+    monkeypatch.setitem(utils.LOSS_MAPPING, "ForCausalLM", smoothed)
+    monkeypatch.setattr(loss, "_checked", {})
+    model = _small_gpt2()
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    with nanopatch.patched(bf16=True, ipex=False, compile=False):
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            optimizer.step()
+        assert utils.LOSS_MAPPING["ForCausalLM"] is smoothed
+        assert loss._checked == {smoothed: False}
+    assert loss.same_loss(original, loss._signature(original))
+
+
+def test_a_gpt2_with_its_loss_on_the_bf16_logits_learns_as_stock():
+    tokens = torch.randint(0, VOCAB, (6, 4, 24), generator=torch.Generator().manual_seed(3))
+
+    def train():
+        model = _small_gpt2(dropout=0.1)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for batch in tokens:
+            optimizer.zero_grad()
+            model(input_ids=batch, labels=batch).loss.backward()
+            optimizer.step()
+
+    outcome = learns_as_stock(train, {"bf16": True, "ipex": False, "compile": False}, min_steps=len(tokens))
+    assert [m["loss_on_bf16_logits"] for m in outcome.models] == [True]

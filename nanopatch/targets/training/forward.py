@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from torch.nn import functional as F
 from nanopatch import engine
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import activations, amp, compiled_masks, dropout, frozen
+from . import activations, amp, compiled_masks, dropout, frozen, loss
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, tls
 
@@ -94,6 +95,7 @@ class AcceleratedForward(_InstanceForward):
             forward = data_parallel().through(plan.ddp, forward)
         probe = Probe() if training and (plan.seen.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
         masks = _fast_masks(plan) if training else _nothing
+        losses = tls("logit_losses", 0)
         with probe if probe is not None else _nothing, masks:
             if dtype is None:
                 out = forward(*args, **kwargs)
@@ -102,6 +104,8 @@ class AcceleratedForward(_InstanceForward):
                     out = forward(*args, **kwargs)
         if training:
             observe(plan, probe, dtype)
+            if tls("logit_losses", 0) != losses:
+                plan.seen.logit_loss = True
         return out if dtype is None else finish(module, plan, out, dtype)
 
 
@@ -336,7 +340,13 @@ def install(module: nn.Module, plan: Plan) -> None:
     for sub, approximate in activations.candidates(module):
         context().set_on(sub, "forward", GeluForward(sub, approximate))
         plan.gelus.append(sub)
+    if plan.amp_dtype is not None and loss.LOSS_MODULE in sys.modules and _has_transformers_model(module):
+        loss.install_causal_lm()
     plan.installed = True
+
+
+def _has_transformers_model(module: nn.Module) -> bool:
+    return any(type(sub).__module__.startswith("transformers.") for sub in module.modules())
 
 
 def uninstall_submodules(plan: Plan) -> None:

@@ -16,17 +16,40 @@ gradient in one chunked pass in backward: ``softmax - one_hot``, scaled, zero on
 The loss is the same fp32 arithmetic as stock's (sums in another order). Every other call, and
 every call while torch.compile traces, gets autocast's own kernel: lower-precision floating
 inputs cast to fp32, then the operator.
+
+Hugging Face's causal language models (``LOSS_MAPPING["ForCausalLM"]``: GPT-2, Llama, Mistral,
+Qwen, Phi, ...) first copy their bf16 logits to fp32 (``logits.float()``), the largest tensor of
+the step (GPT-2 small, 4 x 256 tokens: 206 MB), and the copy's backward casts the fp32 gradient
+back to bf16: two passes over it each way beyond the loss's own. While a model of transformers is
+accelerated in bf16, that entry of the mapping is :func:`causal_lm_loss`'s wrapper: inside the
+model's training forward, on bf16 (or fp16) logits that need a gradient, it computes the same
+loss from the bf16 logits directly (:class:`ChunkedCrossEntropy` reads each chunk into an fp32
+buffer), labels shifted as transformers shifts them, and writes the gradient in bf16, the fp32
+one rounded once, as the cast's backward gives it: the same loss (fp32, sums in another order)
+and the same gradient, without the fp32 copy. Only where transformers' own function was checked
+to compute the same loss and gradient (once per function, on a small vocabulary); every other
+call (fp32 logits, extra arguments other than the flags models pass on, outside a training
+forward, while torch.compile traces) is transformers' own. The mapping gets its function back at unpatch.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+import sys
+import threading
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
+
+from nanopatch.foundation import learning
+from nanopatch.foundation.log import log_once
 
 from . import amp, dropout
-from .plan import compiling, local
+from .plan import compiling, context, local, tls
 
 _aten = torch.ops.aten
 #: fewer classes than this: stock's kernels (the logits of a row fit in cache anyway)
@@ -41,13 +64,30 @@ def _rows(classes: int) -> int:
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of 2-D logits over class indices, a few rows at a time. Lower-precision
+    logits (bf16 from a model's head) are read a chunk at a time into an fp32 buffer: the loss is
+    the same fp32 arithmetic as on their fp32 copy, and the gradient (in the logits' dtype) is
+    the fp32 one rounded once, as a cast's backward would give it. The loss is in
+    ``loss_dtype`` (the logits' dtype when None)."""
+
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        ignore_index: int,
+        mean: bool,
+        loss_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         rows, classes = logits.shape
         step = _rows(classes)
+        buffer = _buffer(logits, step)
         lse = torch.empty(rows, dtype=torch.float32)
         for start in range(0, rows, step):
-            torch.logsumexp(logits[start : start + step], 1, out=lse[start : start + step])
+            part = logits[start : start + step]
+            if buffer is not None:
+                part = buffer[: part.shape[0]].copy_(part)
+            torch.logsumexp(part, 1, out=lse[start : start + step])
         valid = target != ignore_index
         safe = torch.where(valid, target, 0)
         picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1).float()
@@ -55,7 +95,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         count = valid.sum()
         ctx.save_for_backward(logits, lse, safe, valid)
         ctx.mean, ctx.count = mean, count
-        return (total / count if mean else total).to(logits.dtype)
+        return (total / count if mean else total).to(loss_dtype or logits.dtype)
 
     @staticmethod
     @once_differentiable
@@ -63,16 +103,32 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         logits, lse, safe, valid = ctx.saved_tensors
         rows, classes = logits.shape
         step = _rows(classes)
+        buffer = _buffer(logits, step)
         scale = grad.float() / ctx.count if ctx.mean else grad.float()
         weights = torch.where(valid, scale, 0.0)  # per row: the loss's gradient, 0 where ignored
         out = torch.empty_like(logits)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
-            part = out[chunk]
-            torch.sub(logits[chunk], lse[chunk].unsqueeze(1), out=part)
+            if buffer is None:
+                part = out[chunk]
+                torch.sub(logits[chunk], lse[chunk].unsqueeze(1), out=part)
+            else:  # in fp32, one-hot included, then rounded once into the gradient
+                part = buffer[: out[chunk].shape[0]].copy_(logits[chunk])
+                part.sub_(lse[chunk].unsqueeze(1))
             part.exp_().mul_(weights[chunk].unsqueeze(1).to(part.dtype))
-        out.scatter_add_(1, safe.unsqueeze(1), -weights.unsqueeze(1).to(out.dtype))
-        return out, None, None, None
+            if buffer is not None:
+                part.scatter_add_(1, safe[chunk].unsqueeze(1), -weights[chunk].unsqueeze(1))
+                out[chunk].copy_(part)
+        if buffer is None:
+            out.scatter_add_(1, safe.unsqueeze(1), -weights.unsqueeze(1).to(out.dtype))
+        return out, None, None, None, None
+
+
+def _buffer(logits: torch.Tensor, step: int) -> torch.Tensor | None:
+    """An fp32 chunk for lower-precision logits (None for fp32 ones: they are used in place)."""
+    if logits.dtype == torch.float32:
+        return None
+    return torch.empty(min(step, logits.shape[0]), logits.shape[1], dtype=torch.float32)
 
 
 def eligible(logits: Any, target: Any, weight: Any, reduction: int, label_smoothing: float) -> bool:
@@ -120,3 +176,175 @@ def install() -> bool:
     return dropout.register(
         _installed, "cross_entropy_loss", _kernel, "AutocastCPU", "cross-entropy stays stock", "chunked cross-entropy"
     )
+
+
+# --- transformers' causal-LM loss on the bf16 logits ---------------------------------------
+
+#: where transformers keeps the loss functions its models look up at each call
+LOSS_MODULE = "transformers.loss.loss_utils"
+CAUSAL_LM = "ForCausalLM"
+#: the parameters transformers' function must take (and ``shift_labels``, where it has it)
+PARAMETERS = ("logits", "labels", "vocab_size", "num_items_in_batch", "ignore_index")
+LOWER = (torch.bfloat16, torch.float16)
+_causal: list[Any] = []  # the journal's entry while the mapping holds nanopatch's wrapper
+_checked: dict[Any, bool] = {}
+_lock = threading.Lock()
+
+
+def install_causal_lm() -> bool:
+    """Put the wrapper into transformers' ``LOSS_MAPPING`` (once; an entry of the patch
+    engine's journal) where transformers is imported and its function checks out; True while it
+    is there."""
+    if _causal:
+        return True
+    mapping = getattr(sys.modules.get(LOSS_MODULE), "LOSS_MAPPING", None)
+    original = mapping.get(CAUSAL_LM) if isinstance(mapping, dict) else None
+    if original is None or not callable(original):
+        return False
+    with _lock:
+        if _causal:
+            return True
+        signature = _signature(original)
+        if signature is None or not same_loss(original, signature):
+            log_once(
+                "causal-lm-loss",
+                "transformers' %s loss is not the one nanopatch knows: it keeps copying the logits to fp32",
+                CAUSAL_LM,
+                level=logging.INFO,
+            )
+            return False
+        ours = causal_lm_loss(original, signature)
+        mapping[CAUSAL_LM] = ours
+
+        def remove() -> None:
+            _causal.clear()
+            if mapping.get(CAUSAL_LM) is ours:
+                mapping[CAUSAL_LM] = original
+
+        _causal.append(context().on_undo(remove, f"transformers' LOSS_MAPPING[{CAUSAL_LM!r}]: the loss on bf16 logits"))
+    return True
+
+
+def _signature(function: Any) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    return signature if all(name in signature.parameters for name in PARAMETERS) else None
+
+
+def causal_lm_loss(original: Any, signature: inspect.Signature) -> Any:
+    """transformers' causal-LM loss ``original``, computed from lower-precision logits directly
+    where :func:`_on_logits` takes the call."""
+
+    @functools.wraps(original)
+    def loss(*args: Any, **kwargs: Any) -> Any:
+        if not compiling() and tls("ours", 0) > 0 and torch.is_grad_enabled():
+            value = _on_logits(signature, args, kwargs)
+            if value is not None:
+                local.logit_losses = tls("logit_losses", 0) + 1
+                return value
+        return original(*args, **kwargs)
+
+    return loss
+
+
+def _on_logits(signature: inspect.Signature, args: tuple, kwargs: dict, classes: int = MIN_CLASSES) -> Any:
+    """The loss of an eligible call, computed on its logits as they are; None for any other."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    given = dict(bound.arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = given.pop(parameter.name, None) or {}
+            if any(value is not None and type(value) not in (bool, int) for value in extra.values()):
+                return None  # arguments nanopatch does not know what they would do
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            if given.pop(parameter.name, None):
+                return None
+    logits, labels, vocab = given.pop("logits"), given.pop("labels"), given.pop("vocab_size")
+    items, ignore = given.pop("num_items_in_batch"), given.pop("ignore_index")
+    shift = given.pop("shift_labels", None)
+    if given:  # parameters of another version of transformers
+        return None
+    if not (
+        type(logits) is torch.Tensor
+        and logits.device.type == "cpu"
+        and logits.dtype in LOWER
+        and logits.requires_grad
+        and logits.dim() >= 2
+        and logits.is_contiguous()
+        and type(vocab) is int
+        and logits.shape[-1] == vocab >= classes
+        and type(ignore) is int
+        and (items is None or type(items) in (int, float) or (type(items) is torch.Tensor and items.numel() == 1))
+    ):
+        return None
+    if shift is None:
+        if not _labels(labels) or labels.shape != logits.shape[:-1]:
+            return None
+        shift = F.pad(labels, (0, 1), value=ignore)[..., 1:].contiguous()
+    elif not _labels(shift) or not shift.is_contiguous() or shift.numel() * vocab != logits.numel():
+        return None
+    with amp.outside_autocast():
+        value = ChunkedCrossEntropy.apply(logits.view(-1, vocab), shift.view(-1), ignore, items is None, torch.float32)
+        if items is not None:
+            value = value / (items.to(value.device) if type(items) is torch.Tensor else items)
+    return value
+
+
+def _labels(value: Any) -> bool:
+    return type(value) is torch.Tensor and value.dtype == torch.int64 and value.device.type == "cpu"
+
+
+def same_loss(original: Any, signature: inspect.Signature) -> bool:
+    """Whether ``original`` gives :func:`_on_logits`'s loss and gradient on bf16 logits over a
+    small vocabulary, with ignored labels, given shifted labels and a token count (once per
+    function)."""
+    found = _checked.get(original)
+    if found is None:
+        found = _checked[original] = _check(original, signature)
+    return found
+
+
+def _check(original: Any, signature: inspect.Signature) -> bool:
+    g = torch.Generator().manual_seed(0)
+    vocab = 40
+    logits = (torch.randn(2, 6, vocab, generator=g) * 3).bfloat16()
+    labels = torch.randint(0, vocab, (2, 6), generator=g)
+    labels[0, 2] = labels[1, 5] = -100
+    other = labels.clamp(min=3)  # 3 ignored instead of -100
+    calls: list[tuple[torch.Tensor, dict[str, Any]]] = [
+        (labels, {}),
+        (labels, {"num_items_in_batch": torch.tensor(7)}),
+        (labels, {"num_items_in_batch": 9}),
+        (other, {"ignore_index": 3}),
+    ]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        # the flags a model's forward passes on (peft: output_attentions=None, ...): ignored
+        calls.append((labels, {"output_attentions": None, "output_hidden_states": True, "max_length_q": 5}))
+    if "shift_labels" in signature.parameters:
+        calls.append((labels, {"shift_labels": labels.roll(-1, 1).contiguous()}))
+    try:
+        # not the run's backward passes (a run's recorder must not see these losses)
+        with learning.internal(), torch.autocast("cpu", enabled=False), torch.enable_grad():
+            for target, extra in calls:
+                theirs_in = logits.clone().requires_grad_()
+                ours_in = logits.clone().requires_grad_()
+                theirs = original(logits=theirs_in, labels=target, vocab_size=vocab, **extra)
+                call = {"logits": ours_in, "labels": target, "vocab_size": vocab, **extra}
+                ours = _on_logits(signature, (), call, classes=1)
+                if type(theirs) is not torch.Tensor or ours is None or theirs.dtype != ours.dtype:
+                    return False
+                (their_grad,) = torch.autograd.grad(theirs * 1.5, theirs_in)
+                (our_grad,) = torch.autograd.grad(ours * 1.5, ours_in)
+                if not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6) or their_grad.dtype != our_grad.dtype:
+                    return False
+                if not torch.allclose(our_grad.float(), their_grad.float(), rtol=1 / 128, atol=1e-6):
+                    return False
+    except Exception:
+        return False
+    return True

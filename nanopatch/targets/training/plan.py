@@ -101,6 +101,7 @@ class Seen:
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     # how large masks drew their words (dropout.method(): the Choice, words timed, threads)
     dropout_method: tuple[Any, int, int] | None = None
+    logit_loss: bool = False  # transformers' causal-LM loss ran on its bf16 logits (loss.causal_lm_loss)
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -156,6 +157,7 @@ class Plan:
             "data_parallel": self.ddp is not None,
             "fp32_heads": len(self.heads),
             "gelu_kernel": len(self.gelus),
+            "loss_on_bf16_logits": self.seen.logit_loss,
             "stock": self.stock,
             "notes": list(self.notes),
             "training_calls": self.seen.training_calls,
@@ -226,6 +228,8 @@ class Plan:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         if self.gelus:
             parts.append(f"GELU on torch's kernel ({len(self.gelus)} module{'s' if len(self.gelus) != 1 else ''})")
+        if self.seen.logit_loss:
+            parts.append("causal-LM loss on the bf16 logits")
         if self.frozen is not None and self.frozen.on and self.frozen.count():
             parts.append(f"{self.frozen.count()} frozen weights cast once")
         parts.extend(note for note in self.notes if note.endswith(" step"))
