@@ -29,9 +29,14 @@ B. **Hugging Face Trainer**: ``BertForSequenceClassification`` built from a ``Be
    token ids (sequence 128, batch 16, 2 labels), ``Trainer(TrainingArguments(use_cpu=True,
    max_steps=...))``: ``hf-stock`` and ``hf-nanopatch``; ``hf-bf16`` is the same script with
    ``TrainingArguments(bf16=True)`` (the Trainer's own autocast) and ``hf-bf16-nanopatch`` that
-   under nanopatch. ``--hf-model gpt2``: the same four with ``GPT2LMHeadModel`` from a
-   ``GPT2Config`` instead (the same layers, width and sequence, GPT-2's vocabulary of 50257,
-   the labels the token ids: the causal-LM loss the model computes in its forward).
+   under nanopatch; ``hf-nanopatch-compile`` is ``python -m nanopatch --compile=default script``.
+   ``--hf-model gpt2``: the same five with ``GPT2LMHeadModel`` from a ``GPT2Config`` instead
+   (the same layers, width and sequence, GPT-2's vocabulary of 50257, the labels the token ids:
+   the causal-LM loss the model computes in its forward). After the rounds, one more process
+   (the script with ``--roof``, run as stock) counts the model's work per sample
+   (``FlopCounterMode`` over one forward and backward of a batch, LoRA's frozen weights as they
+   run) and times this machine's bf16 and fp32 matrix products (bench/train_step.py's roof): each
+   row gets its model GFLOP/s and their fraction of the faster rate.
 C. **timm**: ``timm.create_model("resnet18", pretrained=False, num_classes=10)``,
    ``timm.optim.create_optimizer_v2(model, "sgd", lr 0.01, momentum 0.9, weight decay 1e-4)``,
    ``timm.utils.ModelEmaV2`` updated after every step, a hand-written loop over the same generated

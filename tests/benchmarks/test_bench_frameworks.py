@@ -172,11 +172,12 @@ PARAMS = ["conv1.weight", "bn1.weight", "bn1.bias", "fc.weight", "fc.bias"]
 
 def test_tiny_gpt2_run_of_the_hugging_face_trainer(tmp_path):
     """``--hf-model gpt2``: the Trainer trains GPT-2 with the causal-LM loss it computes in its
-    forward; under nanopatch its layers compute in bf16 and it learns as stock."""
+    forward; under nanopatch (and with ``--compile``) its layers compute in bf16 and it learns as
+    stock; the rows are read against the model's work and the machine's matmul rates."""
     out = tmp_path / "fw.json"
     script = str(REPO_ROOT / "bench" / "frameworks.py")
     tiny = ["--tiny", "--rounds", "1", "--steps", str(STEPS), "--warmup", "1", "--learning-steps", "2"]
-    tiny += ["--variants", "hf-stock,hf-nanopatch", "--hf-model", "gpt2"]
+    tiny += ["--variants", "hf-stock,hf-nanopatch,hf-nanopatch-compile", "--hf-model", "gpt2"]
     proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -187,6 +188,18 @@ def test_tiny_gpt2_run_of_the_hugging_face_trainer(tmp_path):
     assert patched["learning"]["learns"] is True, patched["learning"]
     assert patched["learning"]["grads"] == stock["learning"]["grads"] == [16, 16]
     assert patched["details"]["problems"] == [] and patched["rate"] > 0
+    compiled = rows["hf-nanopatch-compile"]
+    assert compiled["learning"]["learns"] is True, compiled["learning"]
+    assert compiled["details"]["inside"] == "bf16 / n/a" and compiled["rate"] > 0
+    # one layer, width 32, vocabulary 1000, 16 tokens: ~90 kFLOP a token forward, three times that trained
+    roof = report["roof"]
+    assert 3.5e6 < roof["flops_per_sample"] < 5e6, roof
+    assert roof["matmul_flops"]["float32"] > 0 and roof["matmul_flops"]["bfloat16"] > 0
+    top = max(roof["matmul_flops"].values())
+    for row in (stock, patched, compiled):
+        assert row["model_flops"] == pytest.approx(row["rate"] * roof["flops_per_sample"])
+        assert row["roof_fraction"] == pytest.approx(row["model_flops"] / top)
+    assert "| model GFLOP/s | of roof |" in proc.stdout and "Roof: this machine's" in proc.stdout
 
 
 def test_tiny_lora_run_of_the_hugging_face_trainer(tmp_path):

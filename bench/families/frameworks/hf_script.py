@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import harness as h
@@ -104,6 +106,8 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         seed=SEED,
         bf16=args.precision == "bf16",
     )
+    if args.roof:
+        return hf_roof(args, model, data)
     trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[StepTimer()])
     clock.on_done = lambda: facts.update(process_facts(model))
     with learning.start():
@@ -123,3 +127,27 @@ def hf_worker(args: argparse.Namespace) -> dict[str, Any]:
         "probe": probe.as_dict(),
         **clock.as_dict(),
     }
+
+
+def hf_roof(args: argparse.Namespace, model, data) -> None:
+    """``--roof``: no training. The model work of one training step per sample (the FLOPs
+    ``FlopCounterMode`` counts over a forward and backward of one batch of the model the Trainer
+    trains, LoRA's frozen weights included as they run), and this machine's matrix-product rates
+    (:func:`families.train_step.roof.matmul_rates`), written to ``roof.json`` in the worker's
+    directory."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from families.train_step.roof import matmul_rates
+
+    batch = {key: torch.stack([data[i][key] for i in range(args.text_batch)]) for key in data[0]}
+    model.train()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(**batch).loss.backward()
+    result = {
+        "flops_per_sample": counter.get_total_flops() / args.text_batch,
+        "matmul_flops": matmul_rates(),
+        "threads": torch.get_num_threads(),
+    }
+    Path(args.worker, "roof.json").write_text(json.dumps(result))

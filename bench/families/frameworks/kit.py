@@ -126,9 +126,17 @@ def process_facts(model) -> dict[str, Any]:
         "process_group": initialised,
         "world_size": dist.get_world_size() if initialised else 1,
         "backend": str(dist.get_backend()) if initialised else None,
-        "ddp": any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()),
+        "ddp": any(_is(o, DistributedDataParallel) for o in gc.get_objects()),
         "first_weight_channels_last": first_conv_channels_last(model),
     }
+
+
+def _is(obj: Any, cls: type) -> bool:
+    """``isinstance``, False for a weak proxy whose object is gone (torch.compile leaves some)."""
+    try:
+        return isinstance(obj, cls)
+    except ReferenceError:
+        return False
 
 
 def first_conv_channels_last(model) -> bool | None:

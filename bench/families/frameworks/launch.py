@@ -5,18 +5,21 @@ and the facts of its ranks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import harness as h
 
-from families.frameworks.variants import TINY, Variant
+from families.frameworks.variants import TINY, VARIANTS, Variant
 from families.multi_instance.launch import cpu_text
+from families.train_step.roof import ROOF_N
 
 #: the script each variant runs (with --worker): bench/frameworks.py
 SCRIPT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "frameworks.py"))
@@ -96,3 +99,18 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
         "env": [r["env"] for r in ranks],
         **h.rank_checks(ranks, "first_batch"),
     }
+
+
+def measure_roof(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any] | None:
+    """The hf script's ``--roof`` run, after the rounds, as stock runs (a fresh process, all its
+    threads): the model's FLOPs per sample of a training step and the machine's matmul rates;
+    None where it failed (said in the log)."""
+    with tempfile.TemporaryDirectory(prefix="nanopatch-frameworks-roof-") as out:
+        argv = [*command(VARIANTS["hf-stock"], args, out), "--roof"]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
+        found = Path(out, "roof.json")
+        if proc.returncode != 0 or not found.exists():
+            h.log(f"hf --roof failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+            return None
+        roof = json.loads(found.read_text())
+    return {**roof, "n": ROOF_N, "measured_in": "hf-stock"}

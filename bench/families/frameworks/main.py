@@ -14,13 +14,14 @@ import harness as h
 
 from families.frameworks.hf_script import hf_worker
 from families.frameworks.kit import _AFFINITY_AT_START, write_rank
-from families.frameworks.launch import SCRIPT, run_once
+from families.frameworks.launch import SCRIPT, measure_roof, run_once
 from families.frameworks.lightning_script import lightning_worker
 from families.frameworks.summary import summarise
 from families.frameworks.table import VERSIONS, descriptions, print_markdown
 from families.frameworks.timm_script import timm_worker
 from families.frameworks.variants import FULL, GPT2_VOCAB, GROUP_ALIASES, HF_BASE, TINY, TRIAL_SPAN, VARIANTS
 from families.multi_instance.launch import SETTLE_S, run_env
+from families.train_step.roof import with_roof
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         "--script", choices=("lightning", "lightning-ddp", "lightning-nano", "hf", "timm"), help=argparse.SUPPRESS
     )
     parser.add_argument("--precision", help=argparse.SUPPRESS)
+    parser.add_argument("--roof", action="store_true", help=argparse.SUPPRESS)  # the hf worker: model work and roof
     parser.add_argument("--nano-processes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--learn", type=int, default=0, help=argparse.SUPPRESS)  # steps recorded first
     args = parser.parse_args(argv)
@@ -123,6 +125,13 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         run = h.recording_first(lambda n, learn: run_once(VARIANTS[n], args, env, workdir, learn), args.learning_steps)
         runs, orders = h.interleave(names, args.rounds, run, log, SETTLE_S)
     rows = summarise(names, runs, args, cores)
+    roof = None
+    if any(VARIANTS[n].group == "hf" for n in names):
+        log("hf: the model's work per sample and this machine's matmul rates (--roof)")
+        roof = measure_roof(args, env)
+        with_roof(
+            [r for r in rows if r["group"] == "hf"], roof and roof["matmul_flops"], roof and roof["flops_per_sample"]
+        )
     runs = {row["variant"]: h.runs_kept(row, runs[row["variant"]]) for row in rows}
     report = {
         "benchmark": "frameworks",
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         "quick": args.quick,
         "round_orders": orders,
         "rows": rows,
+        "roof": roof,
         "runs": runs,
         "loadavg_end": h.load_average(),
         "seconds": time.perf_counter() - started,

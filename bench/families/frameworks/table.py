@@ -9,6 +9,7 @@ import harness as h
 
 from families.frameworks.summary import ran_with
 from families.frameworks.variants import BASELINE, CLASSES, LORA, LORA_TARGETS, SECOND_BASELINE, UNIT
+from families.train_step.roof import roof_line
 
 GROUP_TITLES = {
     "lightning": "A. Lightning: LightningModule(ResNet-18) + Trainer",
@@ -42,13 +43,17 @@ def print_markdown(report: dict[str, Any]) -> None:
         unit = UNIT[group]
         second = group in SECOND_BASELINE
         print(f"\n### {title}\n\n{report['descriptions'][group]}\n")
+        roofed = group == "hf" and bool(report.get("roof"))
         head = ["variant", f"{unit} (median)", "min-max", f"x {BASELINE[group]}"]
         head += [f"x {SECOND_BASELINE[group]}"] if second else []
+        head += ["model GFLOP/s", "of roof"] if roofed else []
         head += ["target", "bf16 inside / channels-last inside", "CPU", "other load", "ran with"]
         print("| " + " | ".join(head) + " |")
-        print("|---|" + "---:|" * (4 if second else 3) + "---|---|---:|---:|---|")
+        print("|---|" + "---:|" * (3 + second + 2 * roofed) + "---|---|---:|---:|---|")
         for row in rows:
-            print("| " + " | ".join(cells(row, second)) + " |")
+            print("| " + " | ".join(cells(row, second, roofed)) + " |")
+        if roofed:
+            print("\n" + roof_line(report["roof"], unit))
     print()
     for row in report["rows"]:
         if "problems" not in row.get("details", {}):  # no run of it went through
@@ -84,11 +89,12 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(f"\nCommand: `{report['command']}`; run took {report['seconds']:.0f} s.")
 
 
-def cells(row: dict[str, Any], second: bool) -> list[str]:
+def cells(row: dict[str, Any], second: bool, roofed: bool = False) -> list[str]:
+    empty = [""] * (6 + second + 2 * roofed)
     if h.learns(row) is False:  # no rate: the verdict instead
-        return [row["variant"], h.DOES_NOT_LEARN, *[""] * (7 if second else 6), h.cell(row["note"])]
+        return [row["variant"], h.DOES_NOT_LEARN, *empty, h.cell(row["note"])]
     if row["rate"] is None:
-        return [row["variant"], "failed", *[""] * (7 if second else 6), h.cell(row.get("error", "?"))]
+        return [row["variant"], "failed", *empty, h.cell(row.get("error", "?"))]
     d = row["details"]
     low, high = row["spread"]
 
@@ -108,6 +114,9 @@ def cells(row: dict[str, Any], second: bool) -> list[str]:
     ]
     if second:
         out.append(ratio(row.get("ratio_to_bf16_mixed")))
+    if roofed:
+        flops, fraction = row.get("model_flops"), row.get("roof_fraction")
+        out += [f"{flops / 1e9:.0f}" if flops is not None else "", f"{fraction:.0%}" if fraction is not None else ""]
     targets = [f">= {t['at_least']:g}x {t['against']}: {'met' if t['met'] else 'not met'}" for t in row["targets"]]
     out += [
         "; ".join(targets),

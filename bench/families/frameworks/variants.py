@@ -85,6 +85,7 @@ VARIANTS = {
         Variant("hf-nanopatch", "hf", "hf", NANOPATCH, patched=True),
         Variant("hf-bf16", "hf", "hf", precision="bf16"),
         Variant("hf-bf16-nanopatch", "hf", "hf", NANOPATCH, "bf16", patched=True),
+        Variant("hf-nanopatch-compile", "hf", "hf", (*NANOPATCH, "--compile=default"), patched=True),
         Variant("timm-stock", "timm", "timm"),
         Variant("timm-nanopatch", "timm", "timm", NANOPATCH, patched=True),
         Variant("timm-autocast", "timm", "timm", precision="autocast"),
