@@ -95,7 +95,7 @@ class AcceleratedForward(_InstanceForward):
             forward = data_parallel().through(plan.ddp, forward)
         probe = Probe() if training and (plan.seen.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
         masks = _fast_masks(plan) if training else _nothing
-        losses = tls("logit_losses", 0)
+        losses = tls("logit_losses", 0) if training else 0
         with probe if probe is not None else _nothing, masks:
             if dtype is None:
                 out = forward(*args, **kwargs)

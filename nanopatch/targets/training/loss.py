@@ -115,12 +115,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             else:  # in fp32, one-hot included, then rounded once into the gradient
                 part = buffer[: out[chunk].shape[0]].copy_(logits[chunk])
                 part.sub_(lse[chunk].unsqueeze(1))
-            part.exp_().mul_(weights[chunk].unsqueeze(1).to(part.dtype))
+            part.exp_().mul_(weights[chunk].unsqueeze(1))
+            part.scatter_add_(1, safe[chunk].unsqueeze(1), -weights[chunk].unsqueeze(1))
             if buffer is not None:
-                part.scatter_add_(1, safe[chunk].unsqueeze(1), -weights[chunk].unsqueeze(1))
                 out[chunk].copy_(part)
-        if buffer is None:
-            out.scatter_add_(1, safe.unsqueeze(1), -weights.unsqueeze(1).to(out.dtype))
         return out, None, None, None, None
 
 
