@@ -131,3 +131,107 @@ def test_a_compiled_transformer_with_dropout_learns_as_stock():
     assert compiled_masks.drawn() > before, "no mask was drawn in the compiled graph"
     assert stock > 70, f"the task is too hard to compare on ({stock:.1f}%)"
     assert abs(patched - stock) <= 1.0 or patched > stock, f"compiled {patched:.2f}% vs stock {stock:.2f}%"
+
+
+def _saved_by(step):
+    """The (dtype, shape) of every tensor autograd saved for the backward during ``step()``."""
+    saved = []
+
+    def pack(tensor):
+        saved.append((tensor.dtype, tuple(tensor.shape)))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = step()
+    out.float().sum().backward()
+    return saved
+
+
+def test_the_compiled_graph_saves_byte_masks_no_bool_tensors_and_attends_in_bf16():
+    """Inductor's CPU kernels read and write bool tensors an element at a time: nanopatch's
+    compiled graphs keep their dropout masks as uint8 and recompute a ReLU's ``output <= 0`` in
+    the backward instead of saving it; the attention's products and saved weights are bf16
+    (stock's math path would cast them to fp32)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.1, batch_first=True)
+    model = nn.Sequential(nn.Linear(32, 64), layer, nn.Linear(64, 10))
+    x = torch.randn(8, 128, 32)
+    with nanopatch.patched(bf16=True, ipex=False, compile="default"):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x).float().sum().backward()
+            optimizer.step()
+        saved = _saved_by(lambda: model(x))
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["compile"] == "default" and plan["fast_dropout"] is True
+        assert not any("compile failed" in note for note in plan["notes"])
+    dtypes = {dtype for dtype, _ in saved}
+    assert torch.bool not in dtypes, saved
+    weights = (8 * 4, 128, 128)  # batch x heads, queries, keys
+    assert (torch.uint8, weights) in saved and (torch.uint8, (8, 128, 256)) in saved  # attention's, feed-forward's
+    assert (torch.bfloat16, weights) in saved and (torch.float32, weights) not in saved
+
+
+def test_a_scripts_own_compile_saves_what_it_saves_unpatched():
+    def f(x):
+        return F.dropout(torch.relu(x), 0.5, True) * 3
+
+    x = torch.randn(64, 256, requires_grad=True)
+    stock = _saved_by(lambda: torch.compile(f)(x))
+    torch._dynamo.reset()
+    with nanopatch.patched(bf16=False, ipex=False, compile="default"):
+        assert compiled_masks.install()
+        patched = _saved_by(lambda: torch.compile(f)(x))
+    assert sorted(patched, key=str) == sorted(stock, key=str)
+
+
+class Attend(nn.Module):
+    """Attention over its own query, key and value (parameters, so that training finds it)."""
+
+    def __init__(self, q, k, v, attn_mask, is_causal, p):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Parameter(t.detach().clone()) for t in (q, k, v))
+        self.attn_mask, self.is_causal, self.p = attn_mask, is_causal, p
+
+    def forward(self, scale):
+        q = self.q * scale
+        return F.scaled_dot_product_attention(
+            q, self.k, self.v, self.attn_mask, dropout_p=self.p, is_causal=self.is_causal
+        )
+
+
+@pytest.mark.parametrize("mask", ["causal", "padding", "none"])
+def test_compiled_attention_with_dropout_is_the_math_paths_for_its_mask(monkeypatch, mask):
+    from test_attention import _inputs, _masks, _reference
+
+    p, shape = 0.3, (2, 4, 48, 16)
+    q, k, v = _inputs(shape)
+    attn_mask = _masks(shape[:-2], shape[-2], shape[-2]).get(mask)
+    drawn = []
+    real = compiled_masks._keep_mask
+
+    def keep_mask(like, p, site):
+        drawn.append(real(like, p, site))
+        return drawn[-1]
+
+    monkeypatch.setattr(compiled_masks, "_keep_mask", keep_mask)
+    model = Attend(q, k, v, attn_mask, mask == "causal", p)
+    one = torch.ones(())
+    with nanopatch.patched(bf16=True, ipex=False, compile="default"):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        for _ in range(3):
+            optimizer.zero_grad()
+            out = model(one)
+            gradient = torch.randn(out.shape)
+            (out.float() * gradient).sum().backward()
+            optimizer.step()
+        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        assert plan["compile"] == "default" and not any("compile failed" in n for n in plan["notes"])
+    assert drawn and drawn[-1].dtype == torch.uint8 and drawn[-1].shape == (8, 48, 48)
+    reference = _reference(q, k, v, attn_mask, mask == "causal", drawn[-1].bool(), p)
+    expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
+    torch.testing.assert_close(out.detach().double(), reference, rtol=0.05, atol=0.05)
+    for name, got, want in zip("qkv", (model.q.grad, model.k.grad, model.v.grad), expected, strict=True):
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() <= 0.04 * scale, f"d{name}"
