@@ -202,6 +202,32 @@ def test_tiny_gpt2_run_of_the_hugging_face_trainer(tmp_path):
     assert "| model GFLOP/s | of roof |" in proc.stdout and "Roof: this machine's" in proc.stdout
 
 
+def test_the_probe_of_a_compiled_model_counts_without_recompiling(monkeypatch):
+    """The probe's hook runs outside the compiled graph: traced, its count became a guard and the
+    model recompiled at every call (the compiled GPT-2 row read 0.25x eager for it)."""
+    import torch
+
+    if not hasattr(torch, "compile") or not torch._dynamo.is_dynamo_supported():
+        pytest.skip("no torch.compile here")
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    from harness.probe import Probe
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    probe = Probe()
+    probe.attach(model, torch.nn.Linear)
+    probe.active = True
+    compiled = torch.compile(model)
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(4):
+                compiled(torch.randn(4, 8)).sum().backward()
+    finally:
+        probe.detach()
+        torch._dynamo.reset()
+    assert probe.calls == 4 and probe.dtypes == {"float32": 4}
+
+
 def test_tiny_lora_run_of_the_hugging_face_trainer(tmp_path):
     """``--lora``: the Trainer fine-tunes GPT-2 through peft's LoRA, its base weights frozen; the
     same few parameters get gradients under nanopatch as in stock, and it learns as stock."""
