@@ -148,7 +148,7 @@ def _kernel(
     dtype = amp.current_dtype()
     query, key, value, attn_mask = (amp.autocast_cast(t, dtype) for t in (query, key, value, attn_mask))
     with amp.outside_autocast():
-        if compiling():  # torch.compile's graph gets stock's operators to fuse, but in bf16
+        if compiling() or _fake(query):  # a graph being traced: stock's operators to fuse, but in bf16
             if (
                 compiled_masks.ours()
                 and dtype == torch.bfloat16
@@ -166,6 +166,16 @@ def _kernel(
         return _aten.scaled_dot_product_attention.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
+
+
+def _fake(tensor: Any) -> bool:
+    """Whether ``tensor`` is torch.compile's stand-in: AOTAutograd traces the graph's operators
+    with fake tensors, and on torch 2.8 ``torch.compiler.is_compiling()`` is False there."""
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - every torch nanopatch supports has it
+        return False
+    return isinstance(tensor, torch.Tensor) and is_fake(tensor)
 
 
 def in_projection_packed(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
