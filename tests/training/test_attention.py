@@ -82,6 +82,12 @@ def test_dropout_attention_is_the_math_paths_attention_for_the_same_mask(mask, s
     grads = torch.autograd.grad(out, (q, k, v), gradient.to(out.dtype))
     reference = _reference(q, k, v, attn_mask, is_causal, keep, p)
     expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
+    assert_as_reference(out, grads, reference, expected)
+
+
+def assert_as_reference(out, grads, reference, expected):
+    """``out`` and the gradients of q, k and v against the float64 reference's, within bf16's
+    error."""
     torch.testing.assert_close(out.double(), reference, rtol=0.05, atol=0.05)
     for name, got, want in zip("qkv", grads, expected, strict=True):
         scale = want.abs().max().item()

@@ -41,6 +41,11 @@ import torch
 from . import amp, compiled_masks, dropout
 from .plan import compiling
 
+try:  # imported with torch itself; looked up once, not at every attention call
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+except ImportError:  # pragma: no cover - every torch nanopatch supports has it
+    _is_fake = None
+
 _aten = torch.ops.aten
 _installed: list[Any] = []  # the journal's entry while the kernel is registered
 _causal: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # additive causal masks, by shape
@@ -54,10 +59,7 @@ def eligible(
     if gqa or not isinstance(dropout_p, float) or not dropout.drawable(dropout_p):
         return False
     tensors = (query, key, value)
-    if traced:
-        if any(not isinstance(t, torch.Tensor) or t.is_nested or t.device.type != "cpu" for t in tensors):
-            return False
-    elif any(type(t) is not torch.Tensor or t.is_nested or t.device.type != "cpu" for t in tensors):
+    if any(not _tensor(t, traced) or t.is_nested or t.device.type != "cpu" for t in tensors):
         return False
     if any(t.dtype != torch.bfloat16 or t.dim() < 3 for t in tensors):
         return False
@@ -68,9 +70,7 @@ def eligible(
         return False
     if attn_mask is None:
         return True
-    if is_causal or not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "cpu":
-        return False  # stock raises for a mask with is_causal: let it
-    if not traced and type(attn_mask) is not torch.Tensor:
+    if is_causal or not _tensor(attn_mask, traced) or attn_mask.device.type != "cpu":
         return False  # stock raises for a mask with is_causal: let it
     if attn_mask.dtype not in (torch.bool, torch.bfloat16):
         return False
@@ -81,16 +81,21 @@ def eligible(
         return False
 
 
+def _tensor(value: Any, traced: bool) -> bool:
+    """A plain tensor; while a graph is traced, any tensor (torch.compile's stand-ins are
+    subclasses)."""
+    return isinstance(value, torch.Tensor) if traced else type(value) is torch.Tensor
+
+
 def _causal_bias(length: int, keys: int, dtype: torch.dtype, traced: bool = False) -> torch.Tensor:
     """The additive mask of ``is_causal`` (query i sees keys 0..i, as torch aligns it); built in
     the graph (not kept) while torch.compile traces."""
-    if traced:
-        hidden = torch.ones(length, keys, dtype=torch.bool).tril().logical_not()
-        return torch.zeros(length, keys, dtype=dtype).masked_fill(hidden, float("-inf"))
-    found = _causal.get((length, keys, dtype))
+    found = None if traced else _causal.get((length, keys, dtype))
     if found is None:
         found = torch.ones(length, keys, dtype=torch.bool).tril().logical_not()
         found = torch.zeros(length, keys, dtype=dtype).masked_fill_(found, float("-inf"))
+        if traced:
+            return found
         if len(_causal) > 8:
             _causal.clear()
         _causal[(length, keys, dtype)] = found
@@ -171,11 +176,7 @@ def _kernel(
 def _fake(tensor: Any) -> bool:
     """Whether ``tensor`` is torch.compile's stand-in: AOTAutograd traces the graph's operators
     with fake tensors, and on torch 2.8 ``torch.compiler.is_compiling()`` is False there."""
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-    except ImportError:  # pragma: no cover - every torch nanopatch supports has it
-        return False
-    return isinstance(tensor, torch.Tensor) and is_fake(tensor)
+    return _is_fake is not None and isinstance(tensor, torch.Tensor) and _is_fake(tensor)
 
 
 def in_projection_packed(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
