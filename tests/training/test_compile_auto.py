@@ -181,6 +181,11 @@ def test_auto_compiles_a_real_model_measures_it_and_learns(monkeypatch, caplog, 
     assert plan.compile_choice.split(":")[0] in ("compiled", "eager")
     assert described["compile"] == ("default" if plan.compile_choice.startswith("compiled") else False)
     assert any("compile=auto chose" in r.getMessage() for r in caplog.records)
+    # the model's line says how many of its training calls ran compiled: the trial's, and after it
+    # every one where compiled was kept
+    calls = plan.seen.compiled_calls
+    assert 0 < calls < plan.seen.training_calls
+    assert f"torch.compile ({calls} of its training calls)" in plan.summary(), plan.summary()
     assert json.loads(cache.read_text())  # remembered
     assert losses[-1] < losses[0]
 
@@ -199,6 +204,7 @@ def test_auto_falls_back_to_eager_on_a_compile_error_without_a_warning(monkeypat
     assert plan.compile_mode is False and plan.compile_trial is None
     assert plan.compile_choice == "eager: torch.compile failed (RuntimeError: backend exploded)"
     assert not [w for w in recwarn if "torch.compile" in str(w.message)]
+    assert plan.seen.compiled_calls == 0 and "torch.compile" not in plan.summary()
     assert losses[-1] < losses[0]
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch.targets.training import compiled_masks, dropout
+from nanopatch.targets.training import patch as training
 
 from conftest import AUTO_COMPUTE
 
@@ -128,6 +129,12 @@ def test_a_compiled_transformer_with_dropout_learns_as_stock():
         [plan] = nanopatch.status()["targets"]["training"]["details"]
         assert plan["fast_dropout"] is True and plan["compile"] == "default"
         assert not any("compile failed" in note for note in plan["notes"])
+        # -v's line says it ran compiled: every training call after the first (which ran
+        # before the optimizer paired the model)
+        [line] = training.summary()
+        [calls] = [plan.seen for plan in training.plans.values()]
+        assert calls.compiled_calls == calls.training_calls - 1, line
+        assert f"torch.compile ({calls.compiled_calls} of its training calls), fast dropout masks" in line, line
     assert compiled_masks.drawn() > before, "no mask was drawn in the compiled graph"
     assert stock > 70, f"the task is too hard to compare on ({stock:.1f}%)"
     assert abs(patched - stock) <= 1.0 or patched > stock, f"compiled {patched:.2f}% vs stock {stock:.2f}%"

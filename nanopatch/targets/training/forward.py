@@ -89,7 +89,8 @@ class AcceleratedForward(_InstanceForward):
         module = self.module
         training = module.training and torch.is_grad_enabled()
         dtype = amp_dtype(module, plan)
-        if plan.compile_mode and config() is not None:
+        compiled = bool(plan.compile_mode) and config() is not None
+        if compiled:
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
             forward = data_parallel().through(plan.ddp, forward)
@@ -104,6 +105,8 @@ class AcceleratedForward(_InstanceForward):
                     out = forward(*args, **kwargs)
         if training:
             observe(plan, probe, dtype)
+            if compiled and plan.compiled is not None:  # ran compiled (a failure clears plan.compiled)
+                plan.seen.compiled_calls += 1
             if tls("logit_losses", 0) != losses:
                 plan.seen.logit_loss = True
         return out if dtype is None else finish(module, plan, out, dtype)

@@ -102,6 +102,7 @@ class Seen:
     # how large masks drew their words (dropout.method(): the Choice, words timed, threads)
     dropout_method: tuple[Any, int, int] | None = None
     logit_loss: bool = False  # transformers' causal-LM loss ran on its bf16 logits (loss.causal_lm_loss)
+    compiled_calls: int = 0  # training calls that ran the forward nanopatch compiled
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -208,6 +209,13 @@ class Plan:
             return self.compile_choice
         return "waiting" if self.compile_trial.phase == "eager" else "measuring"
 
+    def _compiled_part(self) -> str:
+        """How many training calls ran compiled, with the mode where it is not the default."""
+        calls, total = self.seen.compiled_calls, self.seen.training_calls
+        mode = self.compile_mode if isinstance(self.compile_mode, str) and self.compile_mode != "default" else None
+        what = f"torch.compile{f' ({mode})' if mode else ''}"
+        return what if calls >= total else f"{what} ({calls} of its training calls)"
+
     def summary(self) -> str:
         """One line: what this model ran with."""
         if self.stock is not None:
@@ -220,6 +228,8 @@ class Plan:
             parts.append("channels-last")
         if self.ipex:
             parts.append("IPEX")
+        if self.seen.compiled_calls:
+            parts.append(self._compiled_part())
         if self.seen.fast_dropout:
             how = self.seen.dropout_method[0].method if self.seen.dropout_method is not None else None
             where = {"hash": " (hashed on all threads)", "numpy": " (drawn on all threads)"}.get(how or "", "")
