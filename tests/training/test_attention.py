@@ -49,7 +49,9 @@ def _reference(q, k, v, attn_mask, is_causal, keep, p):
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
     elif attn_mask is not None:
-        scores = scores + attn_mask.to(torch.bfloat16).double()  # autocast hands the mask over in bf16
+        additive = attn_mask.to(torch.bfloat16).double()  # autocast hands the mask over in bf16
+        hidden = additive == float("-inf")  # as a fill, not a sum: no NaN gradient through a hidden row
+        scores = (scores + additive.masked_fill(hidden, 0.0)).masked_fill(hidden, float("-inf"))
     weights = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no key: zeros, as stock's
     return (weights * keep.view(weights.shape) / (1 - p)) @ v
 
@@ -81,6 +83,48 @@ def test_dropout_attention_is_the_math_paths_attention_for_the_same_mask(mask, s
     gradient = torch.randn(out.shape)
     grads = torch.autograd.grad(out, (q, k, v), gradient.to(out.dtype))
     reference = _reference(q, k, v, attn_mask, is_causal, keep, p)
+    expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
+    assert_as_reference(out, grads, reference, expected)
+
+
+@pytest.mark.parametrize(
+    ("mask", "hides_a_row"),
+    [
+        ("padding", True),
+        ("padding, every row sees a key", False),
+        ("additive", False),
+        ("additive, a row of -inf", True),
+    ],
+)
+def test_the_safe_softmax_runs_only_where_the_mask_hides_a_whole_row(mask, hides_a_row):
+    """Stock's math path zeroes a row of scores that is -inf throughout with its safe softmax
+    (three more passes over the scores, one more in the backward); only a mask that hides every
+    key from some query can make one, so the others take the plain softmax: the same values."""
+    p, shape = 0.3, (2, 4, 48, 16)
+    q, k, v = _inputs(shape)
+    batch, length, keys = shape[:-2], shape[-2], shape[-2]
+    masks = _masks(batch, length, keys)
+    attn_mask = {
+        "padding": masks["padding"],
+        "padding, every row sees a key": masks["padding"] | torch.eye(length, keys, dtype=torch.bool),
+        "additive": masks["additive"],
+        "additive, a row of -inf": masks["additive"].index_fill(0, torch.tensor([3]), float("-inf")),
+    }[mask]
+    with nanopatch.patched(bf16=True, ipex=False):
+        torch.manual_seed(5)
+        with torch.profiler.profile() as prof:
+            with dropout.region() as region, torch.autocast("cpu", dtype=torch.bfloat16):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=p)
+            gradient = torch.randn(out.shape)
+            grads = torch.autograd.grad(out, (q, k, v), gradient.to(out.dtype))
+        assert region.fast, "the attention did not take nanopatch's path"
+        torch.manual_seed(5)
+        keep = dropout.keep_mask((torch.Size(batch).numel(), length, keys), 1 - p)
+    ran = {event.name for event in prof.events()}
+    assert ("aten::_safe_softmax" in ran) is hides_a_row, sorted(n for n in ran if "softmax" in n)
+    reference = _reference(q, k, v, attn_mask, False, keep, p)
+    if hides_a_row:
+        assert not reference.isnan().any() and not out.isnan().any()
     expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
     assert_as_reference(out, grads, reference, expected)
 

@@ -127,15 +127,29 @@ def attention(
             bias = attn_mask
         bias = bias.expand(*batch, length, keys).reshape(-1, length, keys)
         scores = torch.baddbmm(bias, q, k, alpha=scale)
-    # a causal row always keeps its first key; an explicit mask may drop a whole row: stock's
-    # math path gives such a row zeros (its safe softmax), and so does this
-    probs = torch.softmax(scores, -1) if attn_mask is None else _aten._safe_softmax(scores, -1)
+    # a row of scores that is -inf throughout (a mask hiding every key from a query) would make
+    # softmax NaN: stock's math path gives such a row zeros (its safe softmax: three more passes
+    # over the scores and one more in the backward), and so does this, where the mask hides one
+    probs = _aten._safe_softmax(scores, -1) if _hides_a_row(attn_mask, traced) else torch.softmax(scores, -1)
     if traced:
         return torch.bmm(torch.nn.functional.dropout(probs, dropout_p), v).view(*batch, length, out_width)
     keep = dropout.keep_mask(probs.shape, 1.0 - dropout_p)
     # the mask as bytes: a product with uint8 runs in vector code, with bool (or where) it does not
     out = torch.bmm(probs * keep.view(torch.uint8), v).mul_(1.0 / (1.0 - dropout_p))
     return out.view(*batch, length, out_width)
+
+
+def _hides_a_row(attn_mask: Any, traced: bool) -> bool:
+    """Whether ``attn_mask`` (as :func:`eligible` took it) hides every key from some query: a
+    bool mask with a row of False, an additive one with a row of -inf; a causal row always sees
+    its first key. While a graph is traced the values are unknown: True."""
+    if attn_mask is None:
+        return False
+    if traced:
+        return True
+    if attn_mask.dtype == torch.bool:
+        return not bool(attn_mask.any(-1).all())
+    return bool((attn_mask == float("-inf")).all(-1).any())
 
 
 def _kernel(
