@@ -239,6 +239,57 @@ def test_multihead_self_attentions_projection_gives_stocks_tensors_and_gradients
     assert not hasattr(F._in_projection_packed, "__wrapped__")  # unpatched
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_bf16_autocast_a_batch_first_projection_runs_in_the_layers_own_layout(monkeypatch, bias):
+    """Under bf16 autocast, ``nn.MultiheadAttention(batch_first=True)``'s self-attention is
+    projected from its input as the layer got it, (batch, sequence): one product with the bias
+    folded in, instead of a product over the transposed view and a separate add of the bias.
+    The query, key, value, output and gradients are stock's within bf16 rounding (the bias
+    folded into the product is rounded once, not twice), as contiguous (sequence, batch) tensors;
+    without a bias there is nothing to fold, and the projection is stock's to the bit."""
+    torch.manual_seed(0)
+    module = torch.nn.MultiheadAttention(64, 4, bias=bias, batch_first=True)
+    x = torch.randn(4, 24, 64, requires_grad=True)
+    shapes = []
+    real = F.linear
+
+    def linear(t, weight, *rest):
+        if weight is module.in_proj_weight:
+            shapes.append((tuple(t.shape), t.is_contiguous()))
+        return real(t, weight, *rest)
+
+    monkeypatch.setattr(F, "linear", linear)
+
+    def run():
+        module.zero_grad()
+        x.grad = None
+        xt = x.transpose(0, 1)  # what the layer hands on: one (sequence, batch) view as q, k and v
+        with torch.autocast("cpu", torch.bfloat16):
+            parts = F._in_projection_packed(xt, xt, xt, module.in_proj_weight, module.in_proj_bias)
+            out, _ = module(x, x, x, need_weights=False)
+        sum(part.float().pow(2).sum() for part in parts).backward(retain_graph=True)
+        out.float().pow(2).sum().backward()
+        return [*(part.detach() for part in parts), out.detach(), x.grad, *(p.grad for p in module.parameters())]
+
+    stock = run()
+    with nanopatch.patched(bf16=True, ipex=False, channels_last=False, fast_dropout=False):
+        shapes.clear()
+        patched = run()
+        seen = list(shapes)
+    if bias:
+        assert seen == [((4, 24, 64), True)] * 2, seen
+    else:
+        assert seen == [((24, 4, 64), False)] * 2, seen
+    for got, want in zip(patched, stock, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if bias:  # within bf16's rounding of the values' scale
+            scale = want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7 * scale)
+        else:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(part.is_contiguous() for part in patched[:3])
+
+
 def test_registering_the_kernels_says_nothing_to_the_user():
     """Replacing autocast's own kernels is nanopatch's business: torch's one-time warning about
     overriding a kernel (a UserWarning on torch < 2.13) is not shown."""

@@ -30,6 +30,11 @@ layer and hands out three slices of its output; in backward each slice's gradien
 zero-filled tensor of the whole projection, and the three are added. While patched, in grad
 mode, :func:`in_projection_packed` gives the same three tensors from ``unbind``, whose backward
 writes the three gradients into one tensor: the same values, without the zeros and the sums.
+Under bf16 autocast, where the layer is ``batch_first`` (its input reaches the projection as a
+transposed view), the projection is computed in the input's own layout, one product with the
+bias folded in, instead of a product over the view and a separate bias add (the bench's
+transformer step about 2% faster on a 2-core AMX Xeon); the values are then stock's within
+bf16 rounding, the bias added before the product is rounded rather than after.
 """
 
 from __future__ import annotations
@@ -199,9 +204,21 @@ def in_projection_packed(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     q, k, v, *rest = args
     if q is k and k is v and not kwargs and torch.is_grad_enabled() and type(q) is torch.Tensor and not q.is_nested:
         width = q.size(-1)
-        projected = torch.nn.functional.linear(q, *rest).unflatten(-1, (3, width))
-        return tuple(part.contiguous() for part in projected.unbind(-2))
+        if len(rest) == 2 and rest[1] is not None and _batch_first_view(q) and amp.autocast_enabled():
+            # the layer's own (batch, sequence) layout: one product with the bias folded in
+            projected = torch.nn.functional.linear(q.transpose(0, 1), *rest).transpose(0, 1)
+        else:
+            projected = torch.nn.functional.linear(q, *rest)
+        return tuple(part.contiguous() for part in projected.unflatten(-1, (3, width)).unbind(-2))
     return wrapped(*args, **kwargs)
+
+
+def _batch_first_view(q: torch.Tensor) -> bool:
+    """Whether ``q`` is (sequence, batch, width) as a transposed view of a contiguous (batch,
+    sequence, width) tensor: what ``nn.MultiheadAttention(batch_first=True)`` hands on."""
+    return (
+        q.dim() == 3 and q.size(0) > 1 and q.size(1) > 1 and not q.is_contiguous() and q.transpose(0, 1).is_contiguous()
+    )
 
 
 def install() -> bool:
