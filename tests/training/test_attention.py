@@ -240,54 +240,67 @@ def test_multihead_self_attentions_projection_gives_stocks_tensors_and_gradients
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_under_bf16_autocast_a_batch_first_projection_runs_in_the_layers_own_layout(monkeypatch, bias):
-    """Under bf16 autocast, ``nn.MultiheadAttention(batch_first=True)``'s self-attention is
-    projected from its input as the layer got it, (batch, sequence): one product with the bias
-    folded in, instead of a product over the transposed view and a separate add of the bias.
-    The query, key, value, output and gradients are stock's within bf16 rounding (the bias
-    folded into the product is rounded once, not twice), as contiguous (sequence, batch) tensors;
-    without a bias there is nothing to fold, and the projection is stock's to the bit."""
+def test_an_accelerated_batch_first_projection_runs_in_the_layers_own_layout(monkeypatch, bias):
+    """Inside an accelerated model's forward under nanopatch's bf16 autocast,
+    ``nn.MultiheadAttention(batch_first=True)``'s self-attention is projected from its input as
+    the layer got it, (batch, sequence): one product with the bias folded in, instead of a
+    product over the transposed view and a separate add of the bias. Output and gradients are
+    those of stock under bf16 autocast within bf16 rounding (the bias folded into the product is
+    rounded once, not twice); without a bias there is nothing to fold, and the projection is
+    stock's. Outside an accelerated forward (a script's own autocast) it is stock's to the bit."""
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(64, 4, bias=bias, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
     torch.manual_seed(0)
-    module = torch.nn.MultiheadAttention(64, 4, bias=bias, batch_first=True)
-    x = torch.randn(4, 24, 64, requires_grad=True)
+    model = SelfAttention()
+    x = torch.randn(4, 24, 64)
     shapes = []
     real = F.linear
 
     def linear(t, weight, *rest):
-        if weight is module.in_proj_weight:
+        if weight is model.mha.in_proj_weight:
             shapes.append((tuple(t.shape), t.is_contiguous()))
         return real(t, weight, *rest)
 
     monkeypatch.setattr(F, "linear", linear)
 
-    def run():
-        module.zero_grad()
-        x.grad = None
-        xt = x.transpose(0, 1)  # what the layer hands on: one (sequence, batch) view as q, k and v
-        with torch.autocast("cpu", torch.bfloat16):
-            parts = F._in_projection_packed(xt, xt, xt, module.in_proj_weight, module.in_proj_bias)
-            out, _ = module(x, x, x, need_weights=False)
-        sum(part.float().pow(2).sum() for part in parts).backward(retain_graph=True)
+    def step(optimizer=None, autocast=True):
+        model.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            out = model(x)
         out.float().pow(2).sum().backward()
-        return [*(part.detach() for part in parts), out.detach(), x.grad, *(p.grad for p in module.parameters())]
+        if optimizer is not None:
+            optimizer.step()
+        return [out.detach().float(), *(p.grad.clone() for p in model.parameters())]
 
-    stock = run()
+    stock = step()
     with nanopatch.patched(bf16=True, ipex=False, channels_last=False, fast_dropout=False):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # pairs the model; lr 0: weights unchanged
+        step(optimizer, autocast=False)  # the first call, before the pairing
         shapes.clear()
-        patched = run()
-        seen = list(shapes)
-    if bias:
-        assert seen == [((4, 24, 64), True)] * 2, seen
-    else:
-        assert seen == [((24, 4, 64), False)] * 2, seen
+        patched = step(autocast=False)  # nanopatch's own autocast
+        accelerated = list(shapes)
+        shapes.clear()
+        with torch.autocast("cpu", torch.bfloat16):  # a script's own autocast, outside a paired model
+            xt = x.transpose(0, 1)
+            own = F._in_projection_packed(xt, xt, xt, model.mha.in_proj_weight, model.mha.in_proj_bias)
+        outside = list(shapes)
+    with torch.autocast("cpu", torch.bfloat16):
+        stock_own = F._in_projection_packed(xt, xt, xt, model.mha.in_proj_weight, model.mha.in_proj_bias)
+    assert outside == [((24, 4, 64), False)]
+    for got, want in zip(own, stock_own, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert accelerated == [((4, 24, 64), True) if bias else ((24, 4, 64), False)], accelerated
     for got, want in zip(patched, stock, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        if bias:  # within bf16's rounding of the values' scale
-            scale = want.float().abs().max().item()
-            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7 * scale)
-        else:
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert all(part.is_contiguous() for part in patched[:3])
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * scale)
 
 
 def test_registering_the_kernels_says_nothing_to_the_user():

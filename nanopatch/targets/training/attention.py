@@ -30,11 +30,12 @@ layer and hands out three slices of its output; in backward each slice's gradien
 zero-filled tensor of the whole projection, and the three are added. While patched, in grad
 mode, :func:`in_projection_packed` gives the same three tensors from ``unbind``, whose backward
 writes the three gradients into one tensor: the same values, without the zeros and the sums.
-Under bf16 autocast, where the layer is ``batch_first`` (its input reaches the projection as a
-transposed view), the projection is computed in the input's own layout, one product with the
-bias folded in, instead of a product over the view and a separate bias add (the bench's
-transformer step about 2% faster on a 2-core AMX Xeon); the values are then stock's within
-bf16 rounding, the bias added before the product is rounded rather than after.
+Inside an accelerated model's forward under nanopatch's bf16 autocast, where the layer is
+``batch_first`` (its input reaches the projection as a transposed view), the projection is
+computed in the input's own layout, one product with the bias folded in, instead of a product
+over the view and a separate bias add (the bench's transformer step about 2% faster on a 2-core
+AMX Xeon); the values are then stock's within bf16 rounding, the bias added before the product
+is rounded rather than after. Anywhere else (a script's own autocast) it is stock's to the bit.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 import torch
 
 from . import amp, compiled_masks, dropout
-from .plan import compiling
+from .plan import compiling, tls
 
 try:  # imported with torch itself; looked up once, not at every attention call
     from torch._subclasses.fake_tensor import is_fake as _is_fake
@@ -204,7 +205,7 @@ def in_projection_packed(wrapped: Any, instance: Any, args: tuple, kwargs: dict)
     q, k, v, *rest = args
     if q is k and k is v and not kwargs and torch.is_grad_enabled() and type(q) is torch.Tensor and not q.is_nested:
         width = q.size(-1)
-        if len(rest) == 2 and rest[1] is not None and _batch_first_view(q) and amp.autocast_enabled():
+        if len(rest) == 2 and rest[1] is not None and _batch_first_view(q) and tls("ours", 0) > 0:
             # the layer's own (batch, sequence) layout: one product with the bias folded in
             projected = torch.nn.functional.linear(q.transpose(0, 1), *rest).transpose(0, 1)
         else:
