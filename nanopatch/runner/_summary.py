@@ -206,6 +206,8 @@ def accelerated_parts(report: dict, used: set[str] = frozenset()) -> list[str]:
             what.append(f"torch.compile ({model['compile']})")
         if model.get("fast_dropout"):
             what.append("fast dropout masks")
+        if model.get("attention_products"):
+            what.append("attention as bf16 products")
         if (model.get("frozen_weights") or "").split(" ", 1)[0].isdigit():
             what.append(model["frozen_weights"].split(" (", 1)[0])  # "N frozen weights cast to bf16 once"
         if model.get("gelu_kernel"):

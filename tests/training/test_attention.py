@@ -3,6 +3,8 @@ torch's math path for the same mask, stock wherever it does not apply, gone afte
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -318,3 +320,196 @@ def test_registering_the_kernels_says_nothing_to_the_user():
     proc = run_python(code, check=True)
     assert proc.stdout.strip().endswith("patched")
     assert "Overriding a previously registered kernel" not in proc.stderr, proc.stderr
+
+
+# --- attention without dropout: bf16 products where they measured faster than the fused kernel ---
+
+
+@pytest.fixture
+def choices(monkeypatch, tmp_path):
+    """A fresh table of timed choices and no records of them, with the timing replaced:
+    ``choices.products`` says whether the products win; ``choices.timed`` counts the timings."""
+
+    class Choices:
+        products = True
+        timed = 0
+
+    found = Choices()
+
+    def time_both(*args, **kwargs):
+        found.timed += 1
+        return attention.Timing(found.products, 1.0, 2.0) if found.products else attention.Timing(False, 2.0, 1.0)
+
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "_timings", {})
+    monkeypatch.setattr(attention, "time_both", time_both)
+    return found
+
+
+def _plain_call(q, k, v, attn_mask=None, is_causal=False, gqa=False):
+    """The call as a paired model's training forward makes it: in a mask region, under bf16
+    autocast; with how many calls took the products."""
+    before = attention.tls("attention_products", 0)
+    with dropout.region(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=is_causal, enable_gqa=gqa)
+    return out, attention.tls("attention_products", 0) - before
+
+
+PLAIN_CASES = [
+    ("causal", (2, 4, 48, 16), None, 1),
+    ("none", (2, 4, 48, 16), None, 1),
+    ("padding", (2, 4, 48, 16), None, 1),
+    ("additive", (2, 4, 48, 16), None, 1),
+    ("causal", (6, 40, 32), 56, 1),  # three dimensions, more keys than queries
+    ("causal", (2, 6, 40, 16), None, 3),  # grouped keys: 6 query heads share 2 key heads
+    ("none", (2, 4, 40, 16), 56, 2),
+]
+
+
+@pytest.mark.parametrize(("mask", "shape", "keys", "groups"), PLAIN_CASES)
+def test_attention_without_dropout_as_products_is_the_math_paths_attention(choices, mask, shape, keys, groups):
+    """A training call without dropout, where the products measured faster: the attention of
+    the float64 math path for the same mask (grouped keys and values as ``enable_gqa`` repeats
+    them), its gradients too, within bf16's error; contiguous, in bf16, as the fused kernel's."""
+    q, k, v = _inputs(shape, keys)
+    if groups > 1:
+        k, v = (t.detach()[:, : shape[1] // groups].clone().requires_grad_() for t in (k, v))
+    batch, length, keys = shape[:-2], shape[-2], k.shape[-2]
+    attn_mask = _masks(batch, length, keys).get(mask)
+    with nanopatch.patched(bf16=True, ipex=False):
+        out, products = _plain_call(q, k, v, attn_mask, mask == "causal", gqa=groups > 1)
+    assert products == 1 and choices.timed == 1, "the attention did not take the products"
+    assert out.dtype == torch.bfloat16 and out.shape == (*batch, length, v.shape[-1]) and out.is_contiguous()
+    gradient = torch.randn(out.shape)
+    grads = torch.autograd.grad(out, (q, k, v), gradient.to(out.dtype))
+    wide_k, wide_v = (t.repeat_interleave(groups, dim=1) for t in (k, v)) if groups > 1 else (k, v)
+    keep = torch.ones(torch.Size(batch).numel(), length, keys)
+    reference = _reference(q, wide_k, wide_v, attn_mask, mask == "causal", keep, 0.0)
+    expected = torch.autograd.grad(reference, (q, k, v), gradient.double())
+    assert_as_reference(out, grads, reference, expected)
+
+
+def test_attention_without_dropout_keeps_the_fused_kernel_where_the_products_do_not_pay(choices):
+    choices.products = False
+    q, k, v = _inputs((2, 4, 48, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stock = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with nanopatch.patched(bf16=True, ipex=False):
+        out, products = _plain_call(q, k, v, is_causal=True)
+        again, _ = _plain_call(q, k, v, is_causal=True)
+        timings = attention.timings()
+    assert products == 0 and choices.timed == 1  # timed once for the shape
+    torch.testing.assert_close(out, stock, rtol=0, atol=0)
+    torch.testing.assert_close(again, stock, rtol=0, atol=0)
+    assert timings == [
+        "query [2, 4, 48, 16], causal: torch's fused kernel "
+        "(products 2.0 ms, fused kernel 1.0 ms, forward and backward)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "why", ["no grad", "inputs need no grad", "outside a training forward", "too large", "dropout"]
+)
+def test_attention_without_dropout_stays_stocks_where_no_backward_or_no_training_forward(choices, monkeypatch, why):
+    """The products pay in the backward: a call that has none (no_grad, inputs without grad), a
+    call outside a paired model's training forward (no mask region), and one with more weights
+    than :data:`PLAIN_MAX_SCORES` keep the fused kernel, untimed; with dropout, the call takes
+    the dropout path."""
+    q, k, v = _inputs((2, 4, 48, 16))
+    if why == "inputs need no grad":
+        q, k, v = (t.detach() for t in (q, k, v))
+    if why == "too large":
+        monkeypatch.setattr(attention, "PLAIN_MAX_SCORES", 2 * 4 * 48 * 48 - 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        stock = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with nanopatch.patched(bf16=True, ipex=False):
+        before = attention.tls("attention_products", 0)
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(why != "no grad"):
+            if why == "outside a training forward":
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                with dropout.region() as region:
+                    p = 0.25 if why == "dropout" else 0.0
+                    out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                assert region.fast is (why == "dropout")
+        products = attention.tls("attention_products", 0) - before
+    assert products == 0 and choices.timed == 0
+    if why != "dropout":
+        torch.testing.assert_close(out.detach(), stock, rtol=0, atol=0)
+
+
+def test_the_choice_is_timed_once_per_shape_and_kept_for_later_runs(monkeypatch, tmp_path):
+    """The first call of a shape times both ways for real (forward and backward, not the run's
+    backward passes) and files the choice in ``attention.json``; a later process (here: the
+    table cleared) reads it back instead of timing again."""
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "_timings", {})
+    q, k, v = _inputs((2, 4, 64, 16))
+    with nanopatch.patched(bf16=True, ipex=False):
+        _, products = _plain_call(q, k, v, is_causal=True)
+        (signature, timing), *rest = attention._timings.items()
+    assert not rest and timing.products_ms > 0 and timing.fused_ms > 0
+    assert timing.products == (timing.products_ms <= attention.PLAIN_WINS_BELOW * timing.fused_ms)
+    assert products == int(timing.products)
+    assert all(t.grad is None for t in (q, k, v))  # the timing ran on tensors of its own
+    kept = json.loads((tmp_path / "attention.json").read_text())
+    assert [key.endswith(repr(signature)) for key in kept] == [True]
+    assert next(iter(kept.values())) == timing._asdict()
+
+    def never(*args):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(attention, "time_both", never)
+    monkeypatch.setattr(attention, "_timings", {})
+    with nanopatch.patched(bf16=True, ipex=False):
+        _, again = _plain_call(q, k, v, is_causal=True)
+    assert again == products and attention._timings == {signature: timing}
+
+
+def test_a_failed_timing_keeps_the_fused_kernel_and_files_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "_timings", {})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no memory")
+
+    monkeypatch.setattr(attention, "plain_attention", broken)
+    q, k, v = _inputs((2, 4, 48, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stock = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with nanopatch.patched(bf16=True, ipex=False):
+        out, products = _plain_call(q, k, v, is_causal=True)
+    assert products == 0 and list(attention._timings.values()) == [attention.Timing(False, None, None)]
+    torch.testing.assert_close(out, stock, rtol=0, atol=0)
+    assert not (tmp_path / "attention.json").exists()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_first_timing_inside_activation_checkpointing_leaves_the_checkpoint_as_it_is(
+    monkeypatch, tmp_path, reentrant
+):
+    """The timing runs a forward and backward of its own inside the model's forward (or, with
+    reentrant checkpointing, whose forward runs without grad, inside its replay in the
+    backward); inside activation checkpointing, whose saved-tensor hooks would take its
+    tensors, they are kept as they are: the checkpointed attention replays and gives the
+    gradients of the same attention without checkpointing."""
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "_timings", {})
+    q, k, v = _inputs((2, 4, 64, 16))
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with nanopatch.patched(bf16=True, ipex=False):
+        with dropout.region(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.utils.checkpoint.checkpoint(attend, q, k, v, use_reentrant=reentrant)
+        out.float().sum().backward()  # reentrant checkpointing takes no autograd.grad
+        grads = [t.grad for t in (q, k, v)]
+        assert len(attention._timings) == 1
+        with dropout.region(), torch.autocast("cpu", dtype=torch.bfloat16):
+            plain = attend(q, k, v)
+        expected = torch.autograd.grad(plain.float().sum(), (q, k, v))
+    if not reentrant:  # the reentrant forward ran without grad: torch's kernel, whatever the choice
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

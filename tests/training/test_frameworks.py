@@ -541,6 +541,105 @@ def test_timm_model_optimizer_factory_and_ema():
     assert_learns_as_stock(losses, stock, rtol=0.1)
 
 
+@pytest.fixture
+def products_win(monkeypatch, tmp_path):
+    """Attention without dropout takes nanopatch's bf16 products whatever they measure here
+    (the timing still runs; its choice is kept in a folder of the test's own)."""
+    from nanopatch.targets.training import attention
+
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "_timings", {})
+    monkeypatch.setattr(attention, "PLAIN_WINS_BELOW", float("inf"))
+    return attention
+
+
+def _fused_attention_ran(step) -> bool:
+    """Whether torch's fused (flash) attention kernel ran in ``step()``, forward or backward."""
+    with torch.profiler.profile() as prof:
+        step()
+    return any("flash_attention" in event.name for event in prof.events())
+
+
+def _train_probing_attention(patched: bool, build, loss_of, lr: float) -> tuple[list[float], bool, list | None]:
+    """:data:`STEPS` AdamW steps of ``build()``'s model from seed 0, patched or stock: the
+    losses, whether torch's fused attention kernel ran in the last step, and (patched) the
+    training target's plans."""
+    with patched_or_stock(patched):
+        torch.manual_seed(0)
+        model = build()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        losses = []
+
+        def step():
+            optimizer.zero_grad()
+            loss = loss_of(model)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+
+        for _ in range(STEPS - 1):
+            step()
+        fused = _fused_attention_ran(step)
+        found = details() if patched else None
+    return losses, fused, found
+
+
+def test_timm_vision_transformer_attention_as_bf16_products(products_win):
+    """timm's ViT attends through ``F.scaled_dot_product_attention`` without dropout: torch's
+    fused kernel, whose bf16 backward is slow. Under nanopatch, where the products measure
+    faster, its blocks' attention runs as bf16 products (the fused kernel runs nowhere in the
+    training step), and the model learns as stock."""
+    timm = framework("timm")
+    x, y = images(8, size=32)
+
+    def run(patched):
+        def build():
+            return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=4)
+
+        return _train_probing_attention(patched, build, lambda model: F.cross_entropy(model(x), y), 1e-3)
+
+    stock, stock_fused, _ = run(False)
+    losses, fused, found = run(True)
+    assert stock_fused and not fused
+    (model,) = found
+    assert model["attention_products"] and model["computed_in"] == "bfloat16"
+    assert [line.startswith("query [8, 3, 17, 64]: bf16 products") for line in model["attention_timings"]] == [True]
+    assert_learns_as_stock(losses, stock)
+
+
+def test_grouped_query_attention_of_a_llama_model_as_bf16_products(products_win):
+    """A Llama-family causal LM (grouped keys and values, ``enable_gqa``): the query heads that
+    share a key head attend as one bf16 product, the key and value heads are not repeated, and
+    the model learns as stock."""
+    transformers = framework("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    tokens = torch.randint(0, 96, (4, 32), generator=torch.Generator().manual_seed(1))
+
+    def run(patched):
+        def loss_of(model):
+            return model(input_ids=tokens, labels=tokens).loss
+
+        return _train_probing_attention(patched, lambda: transformers.LlamaForCausalLM(config), loss_of, 3e-3)
+
+    stock, stock_fused, _ = run(False)
+    losses, fused, found = run(True)
+    assert stock_fused and not fused
+    (model,) = found
+    assert model["attention_products"]
+    assert any("causal, grouped keys: bf16 products" in line for line in model["attention_timings"])
+    assert_learns_as_stock(losses, stock)
+
+
 # --- closures and the user's own hooks --------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ def command(variant: Variant, args: argparse.Namespace, out: str, learn: int = 0
     for name in ("steps", "warmup", *TINY):
         worker += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     worker += ["--hf-model", getattr(args, "hf_model", "bert")]
+    worker += ["--timm-model", getattr(args, "timm_model", "resnet18")]
     if getattr(args, "lora", False):
         worker.append("--lora")
     return [sys.executable, *variant.launcher, *worker]

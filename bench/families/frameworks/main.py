@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         help="fine-tune the Hugging Face model with LoRA through peft (rank 8 on the attention "
         "projections, the base weights frozen) instead of all its weights",
     )
+    parser.add_argument(
+        "--timm-model",
+        default="resnet18",
+        help="the timm rows' model, any name timm.create_model takes (vit_small_patch16_224: a ViT, "
+        "whose attention is scaled_dot_product_attention without dropout) (default: %(default)s)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     # sizes, for the test suite (--tiny) and the workers

@@ -149,5 +149,6 @@ def descriptions(args: argparse.Namespace) -> dict[str, str]:
         "lightning": f"torchvision ResNet-18 in a LightningModule, SGD(momentum 0.9), {images}.",
         "lightning-ddp": f"The same module, Trainer(devices=2, strategy='ddp'), {images} per process.",
         "hf": f"{bert}; Trainer with TrainingArguments(use_cpu=True).",
-        "timm": f"timm resnet18, create_optimizer_v2('sgd'), ModelEmaV2 updated every step, {images}.",
+        "timm": f"timm {getattr(args, 'timm_model', 'resnet18')}, create_optimizer_v2('sgd'), ModelEmaV2 updated "
+        f"every step, {images}.",
     }

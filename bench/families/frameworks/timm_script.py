@@ -12,6 +12,12 @@ from families.frameworks.kit import Clock, image_loader, param_checksum, process
 from families.frameworks.variants import CLASSES, SEED
 
 
+def _image_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A vision transformer is built for the run's image side (its position table has one entry
+    per patch); a convolutional net takes any side as it is."""
+    return {"img_size": args.image_size} if name.startswith(("vit_", "deit_", "eva", "beit")) else {}
+
+
 def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     import timm
     import torch
@@ -21,7 +27,8 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(SEED)
     loader = image_loader(args)
-    model = timm.create_model("resnet18", pretrained=False, num_classes=CLASSES)
+    name = getattr(args, "timm_model", "resnet18")
+    model = timm.create_model(name, pretrained=False, num_classes=CLASSES, **_image_size(name, args))
     probe = h.Probe()
     probe.attach(model, nn.Conv2d)
     learning = h.Learning(args.learn, [model])
@@ -54,7 +61,7 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
         "samples": clock.steps * args.batch,
         **facts,
         "loss": loss_value,
-        "framework": f"timm {timm.__version__}",
+        "framework": f"timm {timm.__version__} {name}",
         "precision": "autocast" if own_autocast else None,
         "optimizer": type(optimizer).__name__,
         "loader_batches": len(loader),

@@ -97,6 +97,7 @@ class AcceleratedForward(_InstanceForward):
         probe = Probe() if training and (plan.seen.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
         masks = _fast_masks(plan) if training else _nothing
         losses = tls("logit_losses", 0) if training else 0
+        products = tls("attention_products", 0) if training else 0
         with probe if probe is not None else _nothing, masks:
             if dtype is None:
                 out = forward(*args, **kwargs)
@@ -109,6 +110,8 @@ class AcceleratedForward(_InstanceForward):
                 plan.seen.compiled_calls += 1
             if tls("logit_losses", 0) != losses:
                 plan.seen.logit_loss = True
+            if tls("attention_products", 0) != products:
+                plan.seen.attention_products = True
         return out if dtype is None else finish(module, plan, out, dtype)
 
 

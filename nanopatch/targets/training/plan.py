@@ -103,6 +103,7 @@ class Seen:
     dropout_method: tuple[Any, int, int] | None = None
     logit_loss: bool = False  # transformers' causal-LM loss ran on its bf16 logits (loss.causal_lm_loss)
     compiled_calls: int = 0  # training calls that ran the forward nanopatch compiled
+    attention_products: bool = False  # attention without dropout ran as bf16 products (attention.plain_attention)
 
     def observe(self, dtype: torch.dtype | None, autocast: str | None) -> None:
         self.training_calls += 1
@@ -159,6 +160,8 @@ class Plan:
             "fp32_heads": len(self.heads),
             "gelu_kernel": len(self.gelus),
             "loss_on_bf16_logits": self.seen.logit_loss,
+            "attention_products": self.seen.attention_products,
+            "attention_timings": self._attention_timings(),
             "stock": self.stock,
             "notes": list(self.notes),
             "training_calls": self.seen.training_calls,
@@ -189,6 +192,15 @@ class Plan:
             f"{copies.count()} frozen weights cast to bf16 once ({copies.bytes() / 2**20:.1f} MiB of copies; "
             f"{copies.figures})"
         )
+
+    def _attention_timings(self) -> list[str] | None:
+        """The shapes of attention without dropout timed in this process (fused kernel against
+        bf16 products), where this model ran in bf16."""
+        if self.amp_dtype is None:
+            return None
+        from . import attention
+
+        return attention.timings() or None
 
     def _dropout_words(self) -> str | None:
         if self.seen.dropout_method is None:
@@ -234,6 +246,8 @@ class Plan:
             how = self.seen.dropout_method[0].method if self.seen.dropout_method is not None else None
             where = {"hash": " (hashed on all threads)", "numpy": " (drawn on all threads)"}.get(how or "", "")
             parts.append(f"fast dropout masks{where}")
+        if self.seen.attention_products:
+            parts.append("attention as bf16 products")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
         if self.gelus:
