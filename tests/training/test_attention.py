@@ -513,3 +513,20 @@ def test_the_first_timing_inside_activation_checkpointing_leaves_the_checkpoint_
         torch.testing.assert_close(out, plain, rtol=0, atol=0)
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_learned_additive_mask_gets_its_gradient_from_the_products(choices):
+    """A mask that is a parameter (Swin's relative position bias, T5's): the products give it
+    the gradient the float64 math path gives it, as stock's math path does."""
+    q, k, v = _inputs((2, 4, 48, 16))
+    bias = (torch.randn(4, 48, 48, generator=torch.Generator().manual_seed(2)) * 0.5).requires_grad_()
+    with nanopatch.patched(bf16=True, ipex=False):
+        out, products = _plain_call(q, k, v, bias)
+    assert products == 1
+    gradient = torch.randn(out.shape)
+    got = torch.autograd.grad(out, (q, k, v, bias), gradient.to(out.dtype))
+    reference = _reference(q, k, v, bias, False, torch.ones(8, 48, 48), 0.0)
+    want = torch.autograd.grad(reference, (q, k, v, bias), gradient.double())
+    assert_as_reference(out, got[:3], reference, want[:3])
+    assert got[3].dtype == torch.float32
+    assert (got[3].double() - want[3]).abs().max().item() <= 0.04 * want[3].abs().max().item()

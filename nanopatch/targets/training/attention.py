@@ -262,7 +262,8 @@ _timing_lock = threading.Lock()
 def _signature(query, key, value, attn_mask, is_causal: bool, gqa: bool) -> tuple:
     mask = None
     if attn_mask is not None:
-        mask = (str(attn_mask.dtype).replace("torch.", ""), tuple(attn_mask.shape), _hides_a_row(attn_mask, False))
+        kind = str(attn_mask.dtype).replace("torch.", "")
+        mask = (kind, tuple(attn_mask.shape), _hides_a_row(attn_mask, False), attn_mask.requires_grad)
     return (tuple(query.shape), tuple(key.shape), tuple(value.shape), bool(is_causal), mask, bool(gqa))
 
 
@@ -317,15 +318,18 @@ def time_both(query, key, value, attn_mask, is_causal: bool, scale: float | None
     backward passes); the fused kernel wherever the timing fails."""
     generator = torch.Generator().manual_seed(0)
     inputs = [torch.randn(t.shape, generator=generator).to(t.dtype).requires_grad_() for t in (query, key, value)]
-    mask = None if attn_mask is None else attn_mask.detach()
+    mask = None if attn_mask is None else attn_mask.detach().requires_grad_(attn_mask.requires_grad)
+    # a learned mask (a relative position bias) gets its gradient too: torch's math path then
+    # runs instead of the fused kernel, as in the run
+    differentiated = [*inputs, mask] if mask is not None and mask.requires_grad else inputs
 
     def fused() -> None:
         out = _aten.scaled_dot_product_attention.default(*inputs, mask, 0.0, is_causal, scale=scale, enable_gqa=gqa)
-        torch.autograd.grad(out, inputs, torch.ones_like(out))
+        torch.autograd.grad(out, differentiated, torch.ones_like(out))
 
     def products() -> None:
         out = plain_attention(*inputs, mask, is_causal, scale, gqa)
-        torch.autograd.grad(out, inputs, torch.ones_like(out))
+        torch.autograd.grad(out, differentiated, torch.ones_like(out))
 
     best = {fused: float("inf"), products: float("inf")}
     try:
@@ -362,7 +366,7 @@ def timings() -> list[str]:
     for (query, _key, _value, causal, mask, gqa), found in list(_timings.items()):
         if found.fused_ms is None:
             continue
-        what = ", causal" if causal else f", {mask[0]} mask" if mask is not None else ""
+        what = ", causal" if causal else f", {'learned ' if mask[3] else ''}{mask[0]} mask" if mask is not None else ""
         what += ", grouped keys" if gqa else ""
         chosen = "bf16 products" if found.products else "torch's fused kernel"
         lines.append(
