@@ -149,8 +149,13 @@ def measuring() -> bool:
 def describe() -> list[dict[str, Any]]:
     """One entry per model nanopatch found, and one per optimizer it accelerated nothing for,
     for ``nanopatch.status()``."""
+    timings = attention.timings() or None
     with lock:
-        found = [plan.describe() for plan in list(plans.values())]
+        current = list(plans.values())
+        found = [plan.describe() for plan in current]
+        for model, plan in zip(found, current, strict=True):
+            # the shapes of attention without dropout timed in this process, where it ran in bf16
+            model["attention_timings"] = timings if plan.amp_dtype is not None else None
         for entry in discovery.search.unaccelerated:
             found.append({"model": None, "optimizers": [entry["optimizer"]], "stock": entry["reason"]})
         return found

@@ -161,7 +161,7 @@ class Plan:
             "gelu_kernel": len(self.gelus),
             "loss_on_bf16_logits": self.seen.logit_loss,
             "attention_products": self.seen.attention_products,
-            "attention_timings": self._attention_timings(),
+            "attention_timings": None,  # the training target fills it in (attention.timings)
             "stock": self.stock,
             "notes": list(self.notes),
             "training_calls": self.seen.training_calls,
@@ -192,15 +192,6 @@ class Plan:
             f"{copies.count()} frozen weights cast to bf16 once ({copies.bytes() / 2**20:.1f} MiB of copies; "
             f"{copies.figures})"
         )
-
-    def _attention_timings(self) -> list[str] | None:
-        """The shapes of attention without dropout timed in this process (fused kernel against
-        bf16 products), where this model ran in bf16."""
-        if self.amp_dtype is None:
-            return None
-        from . import attention
-
-        return attention.timings() or None
 
     def _dropout_words(self) -> str | None:
         if self.seen.dropout_method is None:
