@@ -530,3 +530,19 @@ def test_a_learned_additive_mask_gets_its_gradient_from_the_products(choices):
     assert_as_reference(out, got[:3], reference, want[:3])
     assert got[3].dtype == torch.float32
     assert (got[3].double() - want[3]).abs().max().item() <= 0.04 * want[3].abs().max().item()
+
+
+def test_shapes_past_the_timed_limit_keep_the_fused_kernel_untimed(choices, monkeypatch):
+    """A run whose sequences are padded to each batch's longest makes a new shape per length:
+    after :data:`MAX_TIMED` timings in the process, a shape not on record keeps the fused kernel
+    without being timed, and ``status()`` says how many did."""
+    monkeypatch.setattr(attention, "MAX_TIMED", 1)
+    with nanopatch.patched(bf16=True, ipex=False):
+        taken = []
+        for length in (48, 56, 64):
+            q, k, v = _inputs((2, 4, length, 16))
+            taken.append(_plain_call(q, k, v, is_causal=True)[1])
+        lines = attention.timings()
+    assert taken == [1, 0, 0] and choices.timed == 1
+    assert lines[0].startswith("query [2, 4, 48, 16], causal: bf16 products")
+    assert lines[1:] == ["2 more shapes not timed (past 1 timed, or the timing failed): torch's fused kernel"]

@@ -90,6 +90,9 @@ TIMING_ROUNDS = 3
 TIMING_BUDGET_S = 3.0
 #: where the choices are kept for later runs, in nanopatch's cache folder
 RECORD_FILE = "attention.json"
+#: shapes timed at most per process (sequences padded to each batch's longest give a new shape
+#: per length): a shape after these, not on record, keeps the fused kernel untimed
+MAX_TIMED = 32
 
 
 def eligible(
@@ -254,6 +257,8 @@ class Timing(NamedTuple):
     fused_ms: float | None
 
 
+#: a shape past :data:`MAX_TIMED` (and a timing that failed): the fused kernel
+UNTIMED = Timing(False, None, None)
 #: the choice for each shape of call timed (or read from the record) in this process
 _timings: dict[tuple, Timing] = {}
 _timing_lock = threading.Lock()
@@ -302,6 +307,8 @@ def _recorded_or_timed(signature: tuple, query, key, value, attn_mask, is_causal
             return found
     except (TypeError, KeyError, ValueError, AttributeError):
         pass
+    if sum(t.fused_ms is not None for t in _timings.values()) >= MAX_TIMED:
+        return UNTIMED
     found = time_both(query, key, value, attn_mask, is_causal, scale, signature[-1])
     if found.fused_ms is not None:
         records.write_record(record_key, found._asdict(), RECORD_FILE)
@@ -347,7 +354,7 @@ def time_both(query, key, value, attn_mask, is_causal: bool, scale: float | None
                 if time.perf_counter() - start > TIMING_BUDGET_S:
                     break
     except Exception:  # the call itself then goes to the operator, which says what is wrong
-        return Timing(False, None, None)
+        return UNTIMED
     ours, theirs = best[products], best[fused]
     return Timing(ours <= PLAIN_WINS_BELOW * theirs, round(ours * 1e3, 3), round(theirs * 1e3, 3))
 
@@ -362,9 +369,10 @@ def _as_is(tensor: torch.Tensor) -> torch.Tensor:
 
 def timings() -> list[str]:
     """The shapes of attention without dropout timed in this process, with the choice made."""
-    lines = []
+    lines, untimed = [], 0
     for (query, _key, _value, causal, mask, gqa), found in list(_timings.items()):
         if found.fused_ms is None:
+            untimed += 1
             continue
         what = ", causal" if causal else f", {'learned ' if mask[3] else ''}{mask[0]} mask" if mask is not None else ""
         what += ", grouped keys" if gqa else ""
@@ -372,6 +380,11 @@ def timings() -> list[str]:
         lines.append(
             f"query {list(query)}{what}: {chosen} (products {found.products_ms:.1f} ms, "
             f"fused kernel {found.fused_ms:.1f} ms, forward and backward)"
+        )
+    if untimed:
+        lines.append(
+            f"{untimed} more shape{'s' if untimed != 1 else ''} not timed (past {MAX_TIMED} timed, or the "
+            "timing failed): torch's fused kernel"
         )
     return lines
 
