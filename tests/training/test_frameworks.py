@@ -631,12 +631,15 @@ def test_grouped_query_attention_of_a_llama_model_as_bf16_products(products_win)
 
         return _train_probing_attention(patched, lambda: transformers.LlamaForCausalLM(config), loss_of, 3e-3)
 
-    stock, stock_fused, _ = run(False)
+    stock, _, _ = run(False)  # stock: the fused kernel, or (transformers 4 with a mask) the math path
     losses, fused, found = run(True)
-    assert stock_fused and not fused
+    assert not fused
     (model,) = found
     assert model["attention_products"]
-    assert any("causal, grouped keys: bf16 products" in line for line in model["attention_timings"])
+    products = [line for line in model["attention_timings"] if "bf16 products" in line]
+    assert products, model["attention_timings"]
+    if int(transformers.__version__.split(".")[0]) >= 5:  # 4.x repeats the key heads itself
+        assert any("causal, grouped keys: bf16 products" in line for line in products), products
     assert_learns_as_stock(losses, stock)
 
 
