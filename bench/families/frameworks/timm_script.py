@@ -12,10 +12,14 @@ from families.frameworks.kit import Clock, image_loader, param_checksum, process
 from families.frameworks.variants import CLASSES, SEED
 
 
-def _image_size(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """A vision transformer is built for the run's image side (its position table has one entry
-    per patch); a convolutional net takes any side as it is."""
-    return {"img_size": args.image_size} if name.startswith(("vit_", "deit_", "eva", "beit")) else {}
+def _create(timm: Any, name: str, args: argparse.Namespace) -> Any:
+    """``name`` built for the run's image side where the model takes one (a vision transformer:
+    its position table has one entry per patch); a convolutional net, which takes any side as
+    it is and no ``img_size``, as it comes."""
+    try:
+        return timm.create_model(name, pretrained=False, num_classes=CLASSES, img_size=args.image_size)
+    except TypeError:
+        return timm.create_model(name, pretrained=False, num_classes=CLASSES)
 
 
 def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -28,7 +32,7 @@ def timm_worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(SEED)
     loader = image_loader(args)
     name = getattr(args, "timm_model", "resnet18")
-    model = timm.create_model(name, pretrained=False, num_classes=CLASSES, **_image_size(name, args))
+    model = _create(timm, name, args)
     probe = h.Probe()
     probe.attach(model, nn.Conv2d)
     learning = h.Learning(args.learn, [model])

@@ -102,14 +102,9 @@ def eligible(
     ``traced``: the tensors are torch.compile's stand-ins (fake or functional tensors)."""
     if gqa or not isinstance(dropout_p, float) or not dropout.drawable(dropout_p):
         return False
-    if not _bf16_tensors((query, key, value), traced):
-        return False
-    batch, length, width = query.shape[:-2], query.shape[-2], query.shape[-1]
-    if key.shape[:-2] != batch or value.shape[:-2] != batch or key.shape[-1] != width:
-        return False
-    if value.shape[-2] != key.shape[-2] or batch.numel() * length * key.shape[-2] < dropout.MIN_ELEMENTS:
-        return False
-    return _mask_fits(attn_mask, (*batch, length, key.shape[-2]), is_causal, traced)
+    return _bf16_tensors((query, key, value), traced) and _shapes_fit(
+        query, key, value, attn_mask, is_causal, False, traced
+    )
 
 
 def _bf16_tensors(tensors: tuple, traced: bool) -> bool:
@@ -146,6 +141,16 @@ def plain_eligible(
     tensors = (query, key, value)
     if not _bf16_tensors(tensors, False) or not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         return False
+    return query.shape[:-1].numel() * key.shape[-2] <= PLAIN_MAX_SCORES and _shapes_fit(
+        query, key, value, attn_mask, is_causal, gqa, False
+    )
+
+
+def _shapes_fit(query, key, value, attn_mask, is_causal: bool, gqa: bool, traced: bool) -> bool:
+    """Whether the products can take these shapes: the same batch (with ``gqa``: four
+    dimensions, the query heads a multiple of the key heads, and no mask), keys and values of
+    one length, the query's width in the keys, at least :data:`dropout.MIN_ELEMENTS` attention
+    weights, and a mask :func:`_mask_fits` takes."""
     width, keys = query.shape[-1], key.shape[-2]
     if key.shape[-1] != width or value.shape[-2] != keys:
         return False
@@ -162,10 +167,9 @@ def plain_eligible(
             return False
     elif key.shape[:-2] != query.shape[:-2] or value.shape[:-2] != query.shape[:-2]:
         return False
-    weights = query.shape[:-1].numel() * keys
-    if weights < dropout.MIN_ELEMENTS or weights > PLAIN_MAX_SCORES:
+    if query.shape[:-1].numel() * keys < dropout.MIN_ELEMENTS:
         return False
-    return _mask_fits(attn_mask, (*query.shape[:-1], keys), is_causal, False)
+    return _mask_fits(attn_mask, (*query.shape[:-1], keys), is_causal, traced)
 
 
 def _tensor(value: Any, traced: bool) -> bool:
@@ -208,15 +212,20 @@ def attention(
     return out.view(*batch, length, out_width)
 
 
-def plain_attention(query, key, value, attn_mask, is_causal: bool, scale: float | None, gqa: bool) -> torch.Tensor:
+def plain_attention(
+    query, key, value, attn_mask, is_causal: bool, scale: float | None, gqa: bool, hides: bool | None = None
+) -> torch.Tensor:
     """``scaled_dot_product_attention`` without dropout, in bf16 products (the module docstring):
-    with ``gqa``, the query heads that share a key head are rows of one product."""
+    with ``gqa``, the query heads that share a key head are rows of one product. ``hides``:
+    :func:`_hides_a_row` of the mask, where the caller has it."""
     groups = query.shape[1] // key.shape[1] if gqa else 1
-    probs, v = _weights(query, key, value, attn_mask, is_causal, scale, False, groups)
+    probs, v = _weights(query, key, value, attn_mask, is_causal, scale, False, groups, hides)
     return torch.bmm(probs, v).view(*query.shape[:-1], value.shape[-1])
 
 
-def _weights(query, key, value, attn_mask, is_causal: bool, scale: float | None, traced: bool, groups: int = 1):
+def _weights(
+    query, key, value, attn_mask, is_causal: bool, scale: float | None, traced: bool, groups: int = 1, hides=None
+):
     """The attention weights (softmax of the scaled, masked scores) as bf16 products, with the
     values as the product with them takes them: (n, groups * length, keys) and (n, keys, width),
     n the batch times the key heads."""
@@ -244,7 +253,9 @@ def _weights(query, key, value, attn_mask, is_causal: bool, scale: float | None,
     # a row of scores that is -inf throughout (a mask hiding every key from a query) would make
     # softmax NaN: stock's math path gives such a row zeros (its safe softmax: three more passes
     # over the scores and one more in the backward), and so does this, where the mask hides one
-    probs = _aten._safe_softmax(scores, -1) if _hides_a_row(attn_mask, traced) else torch.softmax(scores, -1)
+    if hides is None:
+        hides = _hides_a_row(attn_mask, traced)
+    probs = _aten._safe_softmax(scores, -1) if hides else torch.softmax(scores, -1)
     return probs, v
 
 
@@ -264,18 +275,19 @@ _timings: dict[tuple, Timing] = {}
 _timing_lock = threading.Lock()
 
 
-def _signature(query, key, value, attn_mask, is_causal: bool, gqa: bool) -> tuple:
+def _signature(query, key, value, attn_mask, is_causal: bool, gqa: bool, hides: bool) -> tuple:
     mask = None
     if attn_mask is not None:
         kind = str(attn_mask.dtype).replace("torch.", "")
-        mask = (kind, tuple(attn_mask.shape), _hides_a_row(attn_mask, False), attn_mask.requires_grad)
+        mask = (kind, tuple(attn_mask.shape), hides, attn_mask.requires_grad)
     return (tuple(query.shape), tuple(key.shape), tuple(value.shape), bool(is_causal), mask, bool(gqa))
 
 
-def plain_pays(query, key, value, attn_mask, is_causal: bool, scale: float | None, gqa: bool) -> bool:
+def plain_pays(query, key, value, attn_mask, is_causal: bool, scale: float | None, gqa: bool, hides: bool) -> bool:
     """Whether the products took at most :data:`PLAIN_WINS_BELOW` of the fused kernel's time for
-    calls of this shape (timed once per shape on this machine, torch and thread count)."""
-    signature = _signature(query, key, value, attn_mask, is_causal, gqa)
+    calls of this shape (timed once per shape on this machine, torch and thread count); ``hides``:
+    :func:`_hides_a_row` of the mask."""
+    signature = _signature(query, key, value, attn_mask, is_causal, gqa, hides)
     found = _timings.get(signature)
     if found is None:
         with _timing_lock:
@@ -287,24 +299,16 @@ def plain_pays(query, key, value, attn_mask, is_causal: bool, scale: float | Non
     return found.products
 
 
-def _record_key(signature: tuple) -> str:
-    from nanopatch.foundation import cpu
-
-    threads = torch.get_num_threads()
-    return f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads|{signature!r}"
-
-
 def _recorded_or_timed(signature: tuple, query, key, value, attn_mask, is_causal: bool, scale: float | None) -> Timing:
-    record_key = _record_key(signature)
+    record_key = f"{dropout.machine_key(torch.get_num_threads())}|{signature!r}"
     record = records.read_record(record_key, RECORD_FILE)
     try:
-        found = Timing(
-            bool(record["products"]),  # type: ignore[index]
-            _ms(record.get("products_ms")),  # type: ignore[union-attr]
-            _ms(record.get("fused_ms")),  # type: ignore[union-attr]
-        )
         if type(record["products"]) is bool:  # type: ignore[index]
-            return found
+            return Timing(
+                record["products"],  # type: ignore[index]
+                dropout.optional_ms(record.get("products_ms")),  # type: ignore[union-attr]
+                dropout.optional_ms(record.get("fused_ms")),  # type: ignore[union-attr]
+            )
     except (TypeError, KeyError, ValueError, AttributeError):
         pass
     if sum(t.fused_ms is not None for t in _timings.values()) >= MAX_TIMED:
@@ -313,10 +317,6 @@ def _recorded_or_timed(signature: tuple, query, key, value, attn_mask, is_causal
     if found.fused_ms is not None:
         records.write_record(record_key, found._asdict(), RECORD_FILE)
     return found
-
-
-def _ms(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def time_both(query, key, value, attn_mask, is_causal: bool, scale: float | None, gqa: bool) -> Timing:
@@ -428,11 +428,11 @@ def _kernel(
             if not dropout.disabled[0] and eligible(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
                 dropout.note_drawn()
                 return attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
-            if plain_eligible(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) and plain_pays(
-                query, key, value, attn_mask, is_causal, scale, enable_gqa
-            ):
-                local.attention_products = tls("attention_products", 0) + 1
-                return plain_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+            if plain_eligible(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+                hides = _hides_a_row(attn_mask, False)
+                if plain_pays(query, key, value, attn_mask, is_causal, scale, enable_gqa, hides):
+                    local.attention_products = tls("attention_products", 0) + 1
+                    return plain_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, hides)
         return _aten.scaled_dot_product_attention.default(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )

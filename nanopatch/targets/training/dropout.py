@@ -235,17 +235,23 @@ def current_method() -> str:
     return found.method
 
 
-def _recorded_or_measured(threads: int) -> Choice:
+def machine_key(threads: int) -> str:
+    """What a measurement made here holds for, as its record's key starts: this torch, the CPU
+    and torch's thread count (the dropout words' and the attention's records)."""
     from nanopatch.foundation import cpu
 
-    key = f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads"
+    return f"torch {torch.__version__}|{cpu.host_facts().model_name}|{threads} threads"
+
+
+def _recorded_or_measured(threads: int) -> Choice:
+    key = machine_key(threads)
     record = records.read_record(key, RECORD_FILE)
     try:
         found = Choice(
             str(record["method"]),  # type: ignore[index]
             float(record["generator_ms"]),  # type: ignore[index]
-            _ms(record.get("hash_ms")),  # type: ignore[union-attr]
-            _ms(record.get("numpy_ms")),  # type: ignore[union-attr]
+            optional_ms(record.get("hash_ms")),  # type: ignore[union-attr]
+            optional_ms(record.get("numpy_ms")),  # type: ignore[union-attr]
         )
         if found.method in (GENERATOR, NUMPY, HASH):
             return found
@@ -256,7 +262,8 @@ def _recorded_or_measured(threads: int) -> Choice:
     return found
 
 
-def _ms(value: Any) -> float | None:
+def optional_ms(value: Any) -> float | None:
+    """A record's time in ms, or None where it has none."""
     return None if value is None else float(value)
 
 
