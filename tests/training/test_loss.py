@@ -49,6 +49,32 @@ def test_chunked_cross_entropy_is_stocks_loss_and_gradient(reduction, ignored):
     torch.testing.assert_close(our_grad, stock_grad, rtol=1e-5, atol=1e-7, equal_nan=True)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "bf16"])
+def test_every_chunk_of_any_layout_gets_stocks_loss_and_gradient(layout, monkeypatch):
+    """Many chunks (a few rows each, the last one short), logits as a strided view, and bf16
+    logits read through the fp32 buffers: stock's loss and gradient (for bf16, stock's on the
+    fp32 copy, rounded once into bf16)."""
+    monkeypatch.setattr(loss, "CHUNK_ELEMENTS", 3 * VOCAB)
+    monkeypatch.setattr(loss, "THREAD_ELEMENTS", 1)
+    assert loss._rows(VOCAB) == 3
+    logits, target = _logits_and_targets(rows=31)
+    if layout == "strided":
+        logits = logits.detach().t().contiguous().t().requires_grad_()
+        assert not logits.is_contiguous()
+    if layout == "bf16":
+        logits = logits.detach().bfloat16().requires_grad_()
+    reference = logits.detach().float().requires_grad_()
+    stock = F.cross_entropy(reference, target)
+    (stock_grad,) = torch.autograd.grad(stock * 1.3, reference)
+    ours = loss.ChunkedCrossEntropy.apply(logits, target, -100, True, torch.float32)
+    (our_grad,) = torch.autograd.grad(ours * 1.3, logits)
+    assert our_grad.dtype == logits.dtype and our_grad.stride() == logits.stride()
+    torch.testing.assert_close(ours, stock, rtol=1e-6, atol=1e-6)
+    if layout == "bf16":
+        stock_grad = stock_grad.bfloat16()
+    torch.testing.assert_close(our_grad, stock_grad, rtol=1e-5, atol=1e-7)
+
+
 class InForwardLM(nn.Module):
     """A language model that computes its loss in its own forward, as Hugging Face's do
     (``logits.float()``, then ``cross_entropy`` with ``ignore_index``), and returns both."""

@@ -10,10 +10,11 @@ again in ``log_softmax``'s backward: five passes over memory for every row.
 While the patch is on, nanopatch registers a kernel for ``aten::cross_entropy_loss`` at the
 ``AutocastCPU`` dispatch key. Inside nanopatch's autocast in a training forward, an eligible
 call (2-D logits with at least :data:`MIN_CLASSES` classes, class-index targets, no class
-weights, no label smoothing, mean or sum reduction) computes each row's log-sum-exp a few rows
-at a time while they are in cache, keeps only those (one float per row), and writes the
-gradient in one chunked pass in backward: ``softmax - one_hot``, scaled, zero on ignored rows.
-The loss is the same fp32 arithmetic as stock's (sums in another order). Every other call, and
+weights, no label smoothing, mean or sum reduction) runs torch's fused ``log_softmax`` kernel a
+few rows at a time while they are in cache, keeps only each row's value at its target, and
+writes the gradient in one chunked pass in backward (torch's ``softmax`` kernel, then
+``softmax - one_hot``, scaled, zero on ignored rows). The loss is stock's fp32 arithmetic row by
+row (the mean over rows summed in another order). Every other call, and
 every call while torch.compile traces, gets autocast's own kernel: lower-precision floating
 inputs cast to fp32, then the operator.
 
@@ -54,21 +55,27 @@ from .plan import compiling, context, local, tls
 _aten = torch.ops.aten
 #: fewer classes than this: stock's kernels (the logits of a row fit in cache anyway)
 MIN_CLASSES = 4096
-#: about this many logits per chunk (1 MiB of fp32: in a core's L2 cache)
-CHUNK_ELEMENTS = 1 << 18
+#: a chunk holds at least this many logits (4 MiB of fp32) and this many per intra-op thread
+#: (512 KiB: in a core's L2 cache): each chunk is a few kernel calls, whose start-up a smaller
+#: chunk pays too often (one row of GPT-2's 50257 classes a chunk ran 2.6x slower than 20 rows)
+CHUNK_ELEMENTS = 1 << 20
+THREAD_ELEMENTS = 1 << 17
 _installed: list[Any] = []  # the journal's entry while the kernel is registered
 
 
 def _rows(classes: int) -> int:
-    return max(1, CHUNK_ELEMENTS // classes)
+    return max(1, max(CHUNK_ELEMENTS, THREAD_ELEMENTS * torch.get_num_threads()) // classes)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
-    """Cross-entropy of 2-D logits over class indices, a few rows at a time. Lower-precision
-    logits (bf16 from a model's head) are read a chunk at a time into an fp32 buffer: the loss is
-    the same fp32 arithmetic as on their fp32 copy, and the gradient (in the logits' dtype) is
-    the fp32 one rounded once, as a cast's backward would give it. The loss is in
-    ``loss_dtype`` (the logits' dtype when None)."""
+    """Cross-entropy of 2-D logits over class indices, a few rows at a time. Each chunk goes
+    through torch's own fused kernels while it is in cache: ``log_softmax`` in the forward (the
+    loss is its value at the target, the arithmetic of stock's ``cross_entropy``, row by row),
+    ``softmax`` in the backward (the gradient is ``softmax - one_hot``, scaled, zero on ignored
+    rows). Lower-precision logits (bf16 from a model's head) are read a chunk at a time into an
+    fp32 buffer: the loss is the same fp32 arithmetic as on their fp32 copy, and the gradient (in
+    the logits' dtype) is the fp32 one rounded once, as a cast's backward would give it. The
+    loss is in ``loss_dtype`` (the logits' dtype when None)."""
 
     @staticmethod
     def forward(
@@ -82,40 +89,42 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         rows, classes = logits.shape
         step = _rows(classes)
         buffer = _buffer(logits, step)
-        lse = torch.empty(rows, dtype=torch.float32)
-        for start in range(0, rows, step):
-            part = logits[start : start + step]
-            if buffer is not None:
-                part = buffer[: part.shape[0]].copy_(part)
-            torch.logsumexp(part, 1, out=lse[start : start + step])
+        log_probs = buffer[1] if buffer is not None else torch.empty(min(step, rows), classes, dtype=torch.float32)
         valid = target != ignore_index
         safe = torch.where(valid, target, 0)
-        picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1).float()
-        total = torch.where(valid, lse - picked, 0.0).sum()
+        picked = torch.empty(rows, 1, dtype=torch.float32)
+        for start in range(0, rows, step):
+            part = logits[start : start + step]
+            size = part.shape[0]
+            if buffer is not None:
+                part = buffer[0][:size].copy_(part)
+            _aten._log_softmax.out(part, 1, False, out=log_probs[:size])
+            torch.gather(log_probs[:size], 1, safe[start : start + step].unsqueeze(1), out=picked[start : start + step])
+        total = torch.where(valid, picked.squeeze(1), 0.0).sum().neg()
         count = valid.sum()
-        ctx.save_for_backward(logits, lse, safe, valid)
+        ctx.save_for_backward(logits, safe, valid)
         ctx.mean, ctx.count = mean, count
         return (total / count if mean else total).to(loss_dtype or logits.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        logits, lse, safe, valid = ctx.saved_tensors
+        logits, safe, valid = ctx.saved_tensors
         rows, classes = logits.shape
         step = _rows(classes)
         buffer = _buffer(logits, step)
         scale = grad.float() / ctx.count if ctx.mean else grad.float()
         weights = torch.where(valid, scale, 0.0)  # per row: the loss's gradient, 0 where ignored
-        out = torch.empty_like(logits)
+        out = torch.empty_like(logits)  # the logits' layout, as autograd expects
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
-            if buffer is None:
-                part = out[chunk]
-                torch.sub(logits[chunk], lse[chunk].unsqueeze(1), out=part)
+            if buffer is None:  # contiguous fp32: the softmax written straight into the gradient
+                part = _aten._softmax.out(logits[chunk], 1, False, out=out[chunk])
             else:  # in fp32, one-hot included, then rounded once into the gradient
-                part = buffer[: out[chunk].shape[0]].copy_(logits[chunk])
-                part.sub_(lse[chunk].unsqueeze(1))
-            part.exp_().mul_(weights[chunk].unsqueeze(1))
+                size = out[chunk].shape[0]
+                source = buffer[0][:size].copy_(logits[chunk])
+                part = _aten._softmax.out(source, 1, False, out=buffer[1][:size])
+            part.mul_(weights[chunk].unsqueeze(1))
             part.scatter_add_(1, safe[chunk].unsqueeze(1), -weights[chunk].unsqueeze(1))
             if buffer is not None:
                 out[chunk].copy_(part)
@@ -123,10 +132,11 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def _buffer(logits: torch.Tensor, step: int) -> torch.Tensor | None:
-    """An fp32 chunk for lower-precision logits (None for fp32 ones: they are used in place)."""
-    if logits.dtype == torch.float32:
+    """Two contiguous fp32 chunks for lower-precision or strided logits (None for contiguous
+    fp32 ones: they are used in place, and their gradient written straight into place)."""
+    if logits.dtype == torch.float32 and logits.is_contiguous():
         return None
-    return torch.empty(min(step, logits.shape[0]), logits.shape[1], dtype=torch.float32)
+    return torch.empty(2, min(step, logits.shape[0]), logits.shape[1], dtype=torch.float32)
 
 
 def eligible(logits: Any, target: Any, weight: Any, reduction: int, label_smoothing: float) -> bool:
