@@ -79,17 +79,24 @@ class InForwardLM(nn.Module):
     """A language model that computes its loss in its own forward, as Hugging Face's do
     (``logits.float()``, then ``cross_entropy`` with ``ignore_index``), and returns both."""
 
-    def __init__(self, vocab: int = VOCAB, width: int = 32) -> None:
+    def __init__(self, vocab: int = VOCAB, width: int = 32, cast: bool = True) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.mix = nn.Linear(width, width)
         self.head = nn.Linear(width, vocab)
+        self.cast = cast  # False: nanoGPT's way, the head's logits handed to cross_entropy as they are
         self.seen: list[str] = []
+        self.dtypes: list[torch.dtype] = []
+        self.inputs: list[str] = []
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor):
         logits = self.head(torch.relu(self.mix(self.embed(tokens))))
-        value = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        self.dtypes.append(logits.dtype)
+        scores = logits.float() if self.cast else logits
+        value = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         self.seen.append(type(value.grad_fn).__name__)
+        self.inputs.append(type(value.grad_fn.next_functions[0][0]).__name__)  # what fed the loss
+        assert value.dtype == torch.float32
         return value, logits
 
 
@@ -104,11 +111,12 @@ def _batches(n=STEPS + 1):
     return out
 
 
-def test_a_model_computing_its_loss_in_its_forward_takes_it_and_learns_as_stock():
+@pytest.mark.parametrize("cast", [True, False], ids=["fp32-logits", "bf16-logits"])
+def test_a_model_computing_its_loss_in_its_forward_takes_it_and_learns_as_stock(cast):
     models = []
 
     def train():
-        model = InForwardLM()
+        model = InForwardLM(cast=cast)
         models.append(model)
         loop(model, torch.optim.AdamW(model.parameters(), lr=1e-2), _batches(), lambda m, b: m(*b)[0])
 
@@ -116,6 +124,9 @@ def test_a_model_computing_its_loss_in_its_forward_takes_it_and_learns_as_stock(
     stock, patched = models
     assert "ChunkedCrossEntropyBackward" not in stock.seen
     assert set(patched.seen) == {"ChunkedCrossEntropyBackward"}, patched.seen
+    assert torch.bfloat16 in patched.dtypes
+    if not cast:  # the bf16 logits reached it as they are: no cast of them all to fp32 before it
+        assert "ToCopyBackward0" not in patched.inputs, patched.inputs
 
 
 def _under_autocast(logits, target, **kwargs):

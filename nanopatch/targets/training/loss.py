@@ -14,9 +14,12 @@ weights, no label smoothing, mean or sum reduction) runs torch's fused ``log_sof
 few rows at a time while they are in cache, keeps only each row's value at its target, and
 writes the gradient in one chunked pass in backward (torch's ``softmax`` kernel, then
 ``softmax - one_hot``, scaled, zero on ignored rows). The loss is stock's fp32 arithmetic row by
-row (the mean over rows summed in another order). Every other call, and
-every call while torch.compile traces, gets autocast's own kernel: lower-precision floating
-inputs cast to fp32, then the operator.
+row (the mean over rows summed in another order). A model that hands ``cross_entropy`` its bf16
+logits directly (nanoGPT's ``F.cross_entropy(logits.view(-1, V), targets.view(-1))``), which
+autocast would copy to fp32 whole, has them read into fp32 a chunk at a time instead: the same
+fp32 loss, and their gradient the fp32 one rounded once into bf16, as the cast's backward gives
+it. Every other call, and every call while torch.compile traces, gets autocast's own kernel:
+lower-precision floating inputs cast to fp32, then the operator.
 
 Hugging Face's causal language models (``LOSS_MAPPING["ForCausalLM"]``: GPT-2, Llama, Mistral,
 Qwen, Phi, ...) first copy their bf16 logits to fp32 (``logits.float()``), the largest tensor of
@@ -53,6 +56,8 @@ from . import amp, dropout
 from .plan import compiling, context, local, tls
 
 _aten = torch.ops.aten
+#: the lower-precision dtypes whose logits are read into fp32 a chunk at a time
+LOWER = (torch.bfloat16, torch.float16)
 #: fewer classes than this: stock's kernels (the logits of a row fit in cache anyway)
 MIN_CLASSES = 4096
 #: a chunk holds at least this many logits (4 MiB of fp32) and this many per intra-op thread
@@ -147,7 +152,7 @@ def eligible(logits: Any, target: Any, weight: Any, reduction: int, label_smooth
         and reduction in (1, 2)
         and label_smoothing == 0.0
         and logits.device.type == "cpu"
-        and logits.dtype == torch.float32
+        and logits.dtype in (torch.float32, *LOWER)
         and logits.dim() == 2
         and logits.shape[1] >= MIN_CLASSES
         and logits.requires_grad
@@ -166,15 +171,18 @@ def _kernel(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
+    if (
+        getattr(local, "ours", 0) > 0
+        and torch.is_grad_enabled()
+        and not compiling()  # the chunk loop would be unrolled into torch.compile's graph
+        and eligible(logits, target, weight, reduction, label_smoothing)
+    ):
+        # bf16 logits as they are (no fp32 copy of them all): each chunk is read into fp32, the
+        # loss is fp32 and their gradient the fp32 one rounded once, as autocast's cast gives them
+        with amp.outside_autocast():
+            return ChunkedCrossEntropy.apply(logits, target, ignore_index, reduction == 1, torch.float32)
     logits, weight = amp.autocast_cast(logits, torch.float32), amp.autocast_cast(weight, torch.float32)
     with amp.outside_autocast():
-        if (
-            getattr(local, "ours", 0) > 0
-            and torch.is_grad_enabled()
-            and not compiling()  # the chunk loop would be unrolled into torch.compile's graph
-            and eligible(logits, target, weight, reduction, label_smoothing)
-        ):
-            return ChunkedCrossEntropy.apply(logits, target, ignore_index, reduction == 1)
         return _aten.cross_entropy_loss.default(logits, target, weight, reduction, ignore_index, label_smoothing)
 
 
@@ -193,7 +201,6 @@ LOSS_MODULE = "transformers.loss.loss_utils"
 CAUSAL_LM = "ForCausalLM"
 #: the parameters transformers' function must take (and ``shift_labels``, where it has it)
 PARAMETERS = ("logits", "labels", "vocab_size", "num_items_in_batch", "ignore_index")
-LOWER = (torch.bfloat16, torch.float16)
 _causal: list[Any] = []  # the journal's entry while the mapping holds nanopatch's wrapper
 _checked: dict[Any, bool] = {}
 _lock = threading.Lock()
