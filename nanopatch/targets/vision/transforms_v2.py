@@ -2,9 +2,12 @@
 
 v2 transforms run on tensors, ``tv_tensors`` and PIL images. On a uint8 tensor v2's geometry is
 already fast (torch kernels), so tensor inputs, and every call with several inputs (an image with
-its boxes or masks), run stock's code unchanged, but for ColorJitter on a lone uint8 RGB image
-tensor: its float colour ops (hue above all) run on ``_tensor_color``'s tables and OpenCV's HSV
-with v2's values (hue within one level), about 3x faster. What nanopatch takes over besides is the common
+its boxes or masks), run stock's code unchanged, but for a lone uint8 RGB image tensor:
+ColorJitter's float colour ops (hue above all) run on ``_tensor_color``'s tables and OpenCV's
+HSV with v2's values (hue within one level), about 3x faster; a Compose runs ``ToDtype(float32,
+scale=True)`` [+ ``Normalize``] as one lookup, and ``RandomResizedCrop`` [+ flips] before it
+with it, the box resized from an interleaved copy (``_tensor_geometry``: v2's values, faster
+than torch on the box in place). What nanopatch takes over besides is the common
 ``ImageFolder`` case: a single PIL image (or the undecoded file a dataset hands a nanopatch
 pipeline), which stock v2 processes with Pillow until ``ToImage``. Parameters come from the
 class's own ``make_params`` (the same ``torch`` draws as stock), pixels from the same kernels
@@ -28,12 +31,13 @@ import PIL.Image
 import torch
 import torchvision.transforms.v2 as _v2
 from torchvision import tv_tensors
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F2
 from torchvision.transforms.v2._auto_augment import _AutoAugmentBase
 from torchvision.transforms.v2._utils import _get_fill
 from torchvision.transforms.v2.functional import _geometry as _F2_geometry
 
-from . import _pipeline, _tensor_color
+from . import _pipeline, _tensor_color, _tensor_geometry
 from . import functional as fn
 from ._pipeline import Fast, FusedToFloat, Planned, entry, on_array, run_step, run_steps, stock_class
 from ._pixels import Pixels
@@ -202,9 +206,7 @@ class ColorJitter(Fast, stock_class(_v2, "ColorJitter")):
         (``make_params``), v2's values from ``_tensor_color``'s kernels, stock's type back."""
         if not _tensor_image(image):
             return NotImplemented
-        check = getattr(self, "check_inputs", None)  # stock's forward checks its inputs first
-        if check is not None:
-            check([image])
+        _check_inputs(self, image)  # stock's forward checks its inputs first
         params = self.make_params([image])
         plain = image.as_subclass(torch.Tensor)
         out = _tensor_color.color_jitter(
@@ -262,6 +264,16 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
         return self._stock_call(px.output())  # Normalize refuses PIL images: stock's error
 
 
+def _setting(value: Any) -> Any:
+    """A step's setting as part of a cache key, compared by value: plain values as they are,
+    a list of numbers (Normalize's mean and std) as a tuple, anything else by its repr."""
+    if value is None or isinstance(value, (bool, int, float, torch.dtype)):
+        return value
+    if isinstance(value, (list, tuple)) and all(type(v) in (int, float) for v in value):
+        return tuple(value)
+    return repr(value)
+
+
 class FusedTensorToFloat:
     """v2's ``ToDtype(float32, scale=True)`` [+ ``Normalize``] on a uint8 image tensor as one
     table lookup per plane. The table is stock's own steps run once on the 256 levels (each op
@@ -272,9 +284,11 @@ class FusedTensorToFloat:
     def __init__(self, steps: list[Any]) -> None:
         self.steps = steps
         self._tables: dict[tuple, np.ndarray | None] = {}
+        # the settings each step has (looking up a missing one on a module raises inside)
+        self._fields = [(step, name) for step in steps for name in self._SETTINGS if hasattr(step, name)]
 
     def _table(self, kind: type) -> np.ndarray | None:
-        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in self._SETTINGS)
+        settings = tuple(_setting(getattr(step, name)) for step, name in self._fields)
         key = (kind, torch.get_default_dtype(), settings)
         if key not in self._tables:
             levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).reshape(3, 1, 256)
@@ -304,6 +318,77 @@ class FusedTensorToFloat:
         return value
 
 
+class FusedTensorResizedCrop:
+    """v2's ``RandomResizedCrop`` (bilinear, antialiased), its flips, then ``ToDtype(float32,
+    scale=True)`` [+ ``Normalize``] on a lone uint8 RGB image tensor (plain or
+    ``tv_tensors.Image``, planar or ``decode_jpeg``'s channels-last memory): the same draws as
+    stock (the crop's ``make_params``, each flip's coin), the box resized by v2's own kernel
+    from an interleaved copy (``_tensor_geometry``: the same values, faster), flipped there,
+    and the float table written straight into the layout stock's steps give their result.
+    The very values and layout of stock's steps; any other input, or a crop the fast resize
+    does not take, runs stock's steps (after the draw, with the drawn box)."""
+
+    _FLIPS = {"RandomHorizontalFlip": -1, "RandomVerticalFlip": -2}
+
+    def __init__(self, crop: Any, flips: list[Any], to_float: FusedTensorToFloat) -> None:
+        self.crop, self.flips, self.to_float = crop, flips, to_float
+        self.steps = [crop, *flips, *to_float.steps]
+
+    def _table(self, value: Any) -> np.ndarray | None:
+        """The float table, where the fast steps take ``value``; else None."""
+        crop = self.crop
+        if not (
+            _tensor_image(value)
+            and _tensor_geometry.dense_image(value)
+            and crop.antialias is True
+            and _F2_geometry._check_interpolation(crop.interpolation) == InterpolationMode.BILINEAR
+            and _native_uint8_bilinear()
+            and _tensor_geometry.usable()
+        ):
+            return None
+        return self.to_float._table(type(value))
+
+    def __call__(self, value: Any) -> Any:
+        table = self._table(value)
+        if table is None:
+            return self.to_float(run_steps([self.crop, *self.flips], value))
+        crop = self.crop
+        _check_inputs(crop, value)
+        params = crop.make_params([value])
+        top, left, height, width = params["top"], params["left"], params["height"], params["width"]
+        size = tuple(int(v) for v in crop.size)
+        if (height, width) == size:  # v2 hands back the box itself: stock's steps from here
+            return self.to_float(run_steps(self.flips, crop.transform(value, params)))
+        plain = value.as_subclass(torch.Tensor)
+        interleaved = _tensor_geometry.stock_interleaved(plain, top, left, height, width)
+        image = _tensor_geometry.resized_crop(plain, top, left, height, width, size)
+        for flip in self.flips:
+            _check_inputs(flip, image)
+            if _random_apply(flip):
+                image = image.flip(self._FLIPS[type(flip).__name__])
+        if interleaved:  # stock's float image keeps the resize's layout
+            out = torch.empty((*size, 3), dtype=torch.float32).permute(2, 0, 1)
+        else:
+            out = torch.empty((3, *size), dtype=torch.float32)
+        if not _tensor_color.lookup(image, table, out):  # pragma: no cover - both dense
+            raise NotImplementedError(f"a table lookup from strides {image.stride()} into {out.stride()}")
+        return out if type(value) is torch.Tensor else tv_tensors.wrap(out, like=value)
+
+
+def _check_inputs(transform: Any, value: Any) -> None:
+    """What stock's ``forward`` does before its draw: the transform's input check (torchvision
+    versions that have one)."""
+    check = getattr(transform, "check_inputs", None)
+    if check is not None:
+        check([value])
+
+
+def _native_uint8_bilinear() -> bool:
+    """Whether v2 resizes uint8 images with torch's uint8 kernel here (else it computes in float)."""
+    native = getattr(_F2_geometry, "_do_native_uint8_resize_on_cpu", None)
+    return native is not None and bool(native(InterpolationMode.BILINEAR))
+
+
 @entry
 class Compose(Planned, Fast, stock_class(_v2, "Compose")):
     def _nanopatch_tensor(self, image: torch.Tensor) -> Any:
@@ -312,18 +397,26 @@ class Compose(Planned, Fast, stock_class(_v2, "Compose")):
         uint8 RGB image tensor; NotImplemented (stock's call) where nothing fuses."""
         plan = self._plan(self._fuse_tensor, "_nanopatch_tensor_plan")
         if type(image) not in (torch.Tensor, tv_tensors.Image) or not any(
-            isinstance(step, FusedTensorToFloat) for step in plan
+            isinstance(step, (FusedTensorToFloat, FusedTensorResizedCrop)) for step in plan
         ):
             return NotImplemented
         return run_steps(plan, image)
 
     @staticmethod
     def _fuse_tensor(steps: list[Any], i: int) -> tuple[Any, int] | None:
-        """On a tensor: ``ToDtype(float32, scale=True)`` [+ ``Normalize``] as one lookup."""
+        """On a tensor: ``ToDtype(float32, scale=True)`` [+ ``Normalize``] as one lookup, and
+        ``RandomResizedCrop`` [+ flips] before them with it (``FusedTensorResizedCrop``)."""
         step = steps[i]
         if isinstance(step, ToDtype) and step.dtype is torch.float32 and step.scale:
             length = 2 if i + 1 < len(steps) and isinstance(steps[i + 1], Normalize) else 1
             return FusedTensorToFloat(steps[i : i + length]), length
+        if type(step) is RandomResizedCrop:
+            end = i + 1
+            while end < len(steps) and type(steps[end]) in (RandomHorizontalFlip, RandomVerticalFlip):
+                end += 1
+            tail = Compose._fuse_tensor(steps, end) if end < len(steps) else None
+            if tail is not None and isinstance(tail[0], FusedTensorToFloat):
+                return FusedTensorResizedCrop(step, steps[i + 1 : end], tail[0]), end - i + tail[1]
         return None
 
     def _fuse(self, steps: list[Any], i: int) -> tuple[Any, int] | None:
