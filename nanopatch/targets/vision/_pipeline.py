@@ -330,6 +330,28 @@ def _levels_image(channels: int):
     return Image.fromarray(levels if channels == 1 else np.repeat(levels[:, :, None], 3, axis=2))
 
 
+def settings_of(steps: list[Any], names: tuple[str, ...]) -> list[tuple[Any, str]]:
+    """The (step, setting name) pairs of ``names`` each step has, found once (looking a missing
+    one up on a module raises and catches an AttributeError inside, at every call)."""
+    return [(step, name) for step in steps for name in names if hasattr(step, name)]
+
+
+def _setting(value: Any) -> Any:
+    """A step's setting as part of a cache key, compared by value: plain values as they are,
+    a list of numbers (Normalize's mean and std) as a tuple, anything else by its repr."""
+    if value is None or isinstance(value, (bool, int, float, torch.dtype)):
+        return value
+    if isinstance(value, (list, tuple)) and all(type(v) in (int, float) for v in value):
+        return tuple(value)
+    return repr(value)
+
+
+def settings_key(fields: list[tuple[Any, str]]) -> tuple:
+    """The current values of :func:`settings_of`'s settings, as a cache key: a user who changes
+    a step's settings later gets a new table."""
+    return tuple(_setting(getattr(step, name)) for step, name in fields)
+
+
 class FusedToFloat:
     """A conversion to tensor (ToTensor, PILToTensor, v2's ToImage) and the elementwise float
     steps after it (ConvertImageDtype / ToDtype(float32, scale=True), Normalize) as one table
@@ -346,10 +368,11 @@ class FusedToFloat:
     def __init__(self, steps: list[Any]) -> None:
         self.steps = steps
         self._references: dict[tuple, tuple[np.ndarray, bool, type] | None] = {}
+        self._fields = settings_of(steps, self._SETTINGS)
 
     def _reference(self, channels: int) -> tuple[np.ndarray, bool, type] | None:
         # keyed by the steps' settings too, so a user who changes them later gets a new table
-        settings = tuple(repr(getattr(step, name, None)) for step in self.steps for name in self._SETTINGS)
+        settings = settings_key(self._fields)
         key = (channels, torch.get_default_dtype(), settings)
         if key in self._references:
             return self._references[key]

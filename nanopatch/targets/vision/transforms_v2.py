@@ -264,16 +264,6 @@ class Normalize(Fast, stock_class(_v2, "Normalize")):
         return self._stock_call(px.output())  # Normalize refuses PIL images: stock's error
 
 
-def _setting(value: Any) -> Any:
-    """A step's setting as part of a cache key, compared by value: plain values as they are,
-    a list of numbers (Normalize's mean and std) as a tuple, anything else by its repr."""
-    if value is None or isinstance(value, (bool, int, float, torch.dtype)):
-        return value
-    if isinstance(value, (list, tuple)) and all(type(v) in (int, float) for v in value):
-        return tuple(value)
-    return repr(value)
-
-
 class FusedTensorToFloat:
     """v2's ``ToDtype(float32, scale=True)`` [+ ``Normalize``] on a uint8 image tensor as one
     table lookup per plane. The table is stock's own steps run once on the 256 levels (each op
@@ -284,11 +274,10 @@ class FusedTensorToFloat:
     def __init__(self, steps: list[Any]) -> None:
         self.steps = steps
         self._tables: dict[tuple, np.ndarray | None] = {}
-        # the settings each step has (looking up a missing one on a module raises inside)
-        self._fields = [(step, name) for step in steps for name in self._SETTINGS if hasattr(step, name)]
+        self._fields = _pipeline.settings_of(steps, self._SETTINGS)
 
     def _table(self, kind: type) -> np.ndarray | None:
-        settings = tuple(_setting(getattr(step, name)) for step, name in self._fields)
+        settings = _pipeline.settings_key(self._fields)
         key = (kind, torch.get_default_dtype(), settings)
         if key not in self._tables:
             levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).reshape(3, 1, 256)
