@@ -13,9 +13,13 @@ from torchvision.transforms.v2 import functional as F2
 from torchvision.transforms.v2.functional import _geometry as F2_geometry
 
 import nanopatch
-from nanopatch.targets.vision import _tensor_geometry
+from nanopatch.targets.vision import _tensor_geometry, transforms_v2
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+#: whether this torchvision resizes uint8 images with torch's uint8 kernel on this CPU (0.23 does
+#: only where the capability reads "AVX2", not "AVX512": elsewhere it computes in float, and
+#: nanopatch leaves its steps alone)
+NATIVE = transforms_v2._native_uint8_bilinear()
 
 
 def noise(shape, seed=0) -> torch.Tensor:
@@ -37,7 +41,7 @@ def patched_vision():
 @pytest.fixture
 def fused_calls(monkeypatch):
     """The boxes the fused resize really computed."""
-    assert _tensor_geometry.usable()  # checked before the spy: its own calls are not the pipeline's
+    _tensor_geometry.usable()  # checked before the spy: its own calls are not the pipeline's
     calls = []
     real = _tensor_geometry.resized_crop
 
@@ -74,8 +78,8 @@ def train(size=32, **kwargs):
     )
 
 
-def test_the_fast_resize_is_checked_usable_here():
-    assert _tensor_geometry.usable()
+def test_the_fast_resize_is_checked_usable_where_v2_resizes_uint8():
+    assert _tensor_geometry.usable() is NATIVE
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -93,9 +97,12 @@ def test_train_pipeline_gives_stocks_values_layout_type_and_draws(patched_vision
             assert got.stride() == expected.stride(), seed
             assert torch.equal(got, expected), seed
             layouts.add(expected.stride())
+    assert len(layouts) == (2 if layout == "decoded" else 1)  # both of stock's layouts met
+    if not NATIVE:
+        assert fused_calls == []
+        return
     assert len(fused_calls) == 40  # the fused resize computed every one
     assert any(box[1] == 0 and box[3] == 52 for box in fused_calls)  # whole rows among them
-    assert len(layouts) == (2 if layout == "decoded" else 1)  # both of stock's layouts met
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -111,7 +118,7 @@ def test_both_flips_non_square_outputs_and_no_normalize(patched_vision, fused_ca
     for seed in range(12):
         expected, got, same_draws = both(build, LAYOUTS[layout], seed)
         assert same_draws and got.stride() == expected.stride() and torch.equal(got, expected), seed
-    assert len(fused_calls) == 12
+    assert len(fused_calls) == (12 if NATIVE else 0)
 
 
 def test_a_box_of_the_output_size_runs_stocks_steps_after_the_draw(patched_vision, fused_calls):
@@ -149,13 +156,14 @@ def test_what_the_fast_resize_does_not_take_runs_stocks_steps(patched_vision, fu
 def test_where_v2_resizes_uint8_in_float_its_steps_run(patched_vision, fused_calls, monkeypatch):
     """v2 computes a uint8 bilinear resize in float where torch's uint8 kernel is not its choice
     (a CPU without AVX2): other values, so stock's steps."""
-    monkeypatch.setattr(F2_geometry, "_do_native_uint8_resize_on_cpu", lambda interpolation: False)
+    monkeypatch.setattr(F2_geometry, "_do_native_uint8_resize_on_cpu", lambda interpolation: False, raising=False)
     for seed in range(3):
         expected, got, same_draws = both(train(), LAYOUTS["decoded"], seed)
         assert same_draws and torch.equal(got, expected)
     assert fused_calls == []
 
 
+@pytest.mark.skipif(not NATIVE, reason="this torchvision resizes uint8 in float on this CPU")
 def test_resized_crop_kernel_equals_v2_for_every_box_kind():
     for layout, make in LAYOUTS.items():
         image = make()

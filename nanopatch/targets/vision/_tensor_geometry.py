@@ -12,7 +12,8 @@ layout stock's resize returns.
 
 Checked on this machine before first use (:func:`usable`): the kernel gives stock's values from
 the copy for boxes of both layouts, and stock lays its result out as :func:`stock_interleaved`
-says; else stock's own steps run.
+says; else stock's own steps run. (Where v2 computes a uint8 resize in float, as torchvision 0.23
+does on a CPU whose capability reads "AVX512", the check fails and v2's steps run.)
 """
 
 from __future__ import annotations
