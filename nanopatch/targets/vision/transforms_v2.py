@@ -317,11 +317,11 @@ class FusedTensorResizedCrop:
     The very values and layout of stock's steps; any other input, or a crop the fast resize
     does not take, runs stock's steps (after the draw, with the drawn box)."""
 
-    _FLIPS = {"RandomHorizontalFlip": -1, "RandomVerticalFlip": -2}
+    #: the flips it takes, and the dimension each flips
+    FLIPS = {RandomHorizontalFlip: -1, RandomVerticalFlip: -2}
 
     def __init__(self, crop: Any, flips: list[Any], to_float: FusedTensorToFloat) -> None:
         self.crop, self.flips, self.to_float = crop, flips, to_float
-        self.steps = [crop, *flips, *to_float.steps]
 
     def _table(self, value: Any) -> np.ndarray | None:
         """The float table, where the fast steps take ``value``; else None."""
@@ -354,7 +354,7 @@ class FusedTensorResizedCrop:
         for flip in self.flips:
             _check_inputs(flip, image)
             if _random_apply(flip):
-                image = image.flip(self._FLIPS[type(flip).__name__])
+                image = image.flip(self.FLIPS[type(flip)])
         if interleaved:  # stock's float image keeps the resize's layout
             out = torch.empty((*size, 3), dtype=torch.float32).permute(2, 0, 1)
         else:
@@ -401,7 +401,7 @@ class Compose(Planned, Fast, stock_class(_v2, "Compose")):
             return FusedTensorToFloat(steps[i : i + length]), length
         if type(step) is RandomResizedCrop:
             end = i + 1
-            while end < len(steps) and type(steps[end]) in (RandomHorizontalFlip, RandomVerticalFlip):
+            while end < len(steps) and type(steps[end]) in FusedTensorResizedCrop.FLIPS:
                 end += 1
             tail = Compose._fuse_tensor(steps, end) if end < len(steps) else None
             if tail is not None and isinstance(tail[0], FusedTensorToFloat):
