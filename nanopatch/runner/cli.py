@@ -418,6 +418,8 @@ def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:
         # launcher's to report, with this exit code
         if exc.code is None or exc.code == 0:
             distributed.finish()
+        else:
+            launch.record_exit()
         raise
     except Exception as exc:
         launch.record_failure(exc, skip_file=__file__)

@@ -352,19 +352,36 @@ def record_failure(exc: BaseException, skip_file: str) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename == skip_file:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
+    if not _write_error_file(f"{type(exc).__name__}: {exc}", text):
+        sys.stderr.write(text)
+
+
+def record_exit() -> None:
+    """A rank that ends with a failing ``sys.exit(code)`` writes an error file too, so that the
+    launcher sees when it ended: the other ranks fail a moment later in their next collective
+    ("Connection closed by peer"), and without this rank's file the launcher would name one of
+    them as the first to fail. The file holds no text: what plain ``python`` prints for that
+    exit (nothing for a number, the object for anything else) the interpreter prints itself."""
+    _write_error_file("", "")
+
+
+def _write_error_file(message: str, callstack: str) -> bool:
+    """Write a rank's error where torchrun's agent reads it; False where there is no such place."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        with contextlib.suppress(OSError):
-            data = {
-                "message": {
-                    "message": f"{type(exc).__name__}: {exc}",
-                    "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
-                }
-            }
-            with open(path, "w") as f:
-                json.dump(data, f)
-            return
-    sys.stderr.write(text)
+    if not path:
+        return False
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
+        }
+    }
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        return False
+    return True
 
 
 def report_failure(exc: Any, world: int) -> int:

@@ -303,6 +303,36 @@ def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     assert exits.returncode == 3 and "rank 0 of 2 failed with exit code 3" in exits.stderr
 
 
+def test_the_first_rank_to_fail_is_named_though_the_others_fail_in_the_same_poll(tmp_path, monkeypatch, capsys):
+    """Rank 0 ends with ``sys.exit(3)``; rank 1 fails in its next collective a moment later and
+    records that error. The agent can see both exits in one poll: the launcher names rank 0,
+    from its own (empty) record written before it ended, with its exit code, and prints rank 1's
+    error nowhere."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    files = {rank: tmp_path / f"error{rank}.json" for rank in (0, 1)}
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(files[0]))
+    launch.record_exit()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(files[1]))
+    try:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:29500")
+    except RuntimeError as exc:
+        launch.record_failure(exc, skip_file="")
+    os.utime(files[0], ns=(1, 1))  # written first, whatever the file system's clock resolution
+    exits = {1: 1, 0: 3}  # in the order the agent may list them
+    failures = {rank: ProcessFailure(rank, 100 + rank, code, str(files[rank])) for rank, code in exits.items()}
+    code = launch.report_failure(ChildFailedError("script", failures), world=2)
+    err = capsys.readouterr().err
+    assert code == 3 and "rank 0 of 2 failed with exit code 3" in err
+    assert "Connection closed" not in err and "To enable traceback" not in err
+    # a rank's exception, recorded, is printed with its traceback
+    failures = {1: ProcessFailure(local_rank=1, pid=101, exitcode=1, error_file=str(files[1]))}
+    assert launch.report_failure(ChildFailedError("script", failures), world=2) == 1
+    err = capsys.readouterr().err
+    assert "rank 1 of 2 failed with exit code 1" in err and "RuntimeError: Connection closed by peer" in err
+    assert "Traceback" in err
+
+
 @pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
 def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
