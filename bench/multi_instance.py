@@ -17,11 +17,12 @@ is a synthetic data set of 8 batches, generated with a fixed seed and read throu
 The worker is this file run with ``--worker`` (the same file and arguments for every variant) and
 behaves as a plain training script: it builds its data, model and optimizer, runs ``--warmup``
 untimed steps (and, under nanopatch, as many more as nanopatch still spends measuring bf16
-against fp32, at most 16, every rank as many: timed, those steps would mix fp32 steps into the
-rate of what nanopatch chose), times ``--steps`` steps (``loss.item()`` after each, as a script that logs its loss
-does), and writes its images, seconds and what it ran with to ``rank<RANK>.json`` in the folder
-its command line names (``RANK`` from the environment, 0 when unset). It never calls nanopatch
-or sets anything up for torch.distributed; after the timed steps it only *asks* what it ran with:
+against fp32 and channels-last against stock's layout, at most 38, every rank as many: timed,
+those steps would mix fp32 steps into the rate of what nanopatch chose), times ``--steps``
+steps (``loss.item()`` after each, as a script that logs its loss does), and writes its images,
+seconds and what it ran with to ``rank<RANK>.json`` in the folder its command line names
+(``RANK`` from the environment, 0 when unset). It never calls nanopatch or sets anything up for
+torch.distributed; after the timed steps it only *asks* what it ran with:
 torch's intra- and inter-op threads, its CPU affinity when it started and each thread's after
 the run, whether jemalloc or tcmalloc is mapped (``/proc/self/maps``), whether a process group
 is initialised and its world size and backend, whether a DistributedDataParallel object exists,

@@ -26,8 +26,8 @@ in these variants, each in its own persistent worker process:
   models), forward and loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``. The ceiling
   nanopatch aims at without edits: ``patched`` over ``by-hand`` is what the patch costs or adds.
 * ``patched``: ``nanopatch.patch_torch()`` (defaults) before the model and optimizer are built.
-  Its warm-up lasts until nanopatch has measured bf16 against fp32 for the model (at most
-  16 steps), so the timed steps run what nanopatch decided.
+  Its warm-up lasts until nanopatch has measured bf16 against fp32 and channels-last against
+  stock's layout for the model (at most 38 steps), so the timed steps run what nanopatch decided.
 * ``compile``: ``nanopatch.patch_torch(compile="default")``; compile time is reported apart.
 * ``ipex``: ``nanopatch.patch_torch()`` in an interpreter whose environment has
   intel-extension-for-pytorch built for its torch: this one if it has, or ``--ipex-python``;

@@ -273,7 +273,8 @@ def not_accelerated_parts(
 
 def _stock_model_parts(model: dict) -> list[str]:
     """What one model of the account (one with a name) left stock: the whole model, bf16
-    autocast where measuring turned it off, torch.compile where compile=auto did not keep it."""
+    autocast or channels-last where measuring turned it off, torch.compile where compile=auto
+    did not keep it."""
     name = model["model"]
     parts = []
     if model.get("stock") is not None:
@@ -282,6 +283,10 @@ def _stock_model_parts(model: dict) -> list[str]:
     if measured.startswith("off"):
         why = measured.split(": ", 1)[1] if ": " in measured else measured
         parts.append(f"bf16 autocast for {name}: {why.replace(' for this model', '')}, so it kept fp32")
+    layout = model.get("channels_last_measured") or ""
+    if layout.startswith("off"):
+        why = layout.split(": ", 1)[1] if ": " in layout else layout
+        parts.append(f"channels-last for {name}: {why.replace(' for this model', '')}, so it kept stock's layout")
     frozen = model.get("frozen_weights") or ""
     if frozen.startswith("cast in every forward"):
         parts.append(f"the frozen weights of {name}: {frozen}")

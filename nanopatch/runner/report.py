@@ -71,6 +71,10 @@ def accelerated(report: dict | None) -> str:
             measured = m.get("bf16_measured")
             if measured:
                 what.append("bf16 still being measured" if measured == "measuring" else f"bf16 {measured}")
+            layout = m.get("channels_last_measured")
+            if layout:
+                brief = layout.split(" (fastest", 1)[0]
+                what.append("channels-last still being measured" if layout == "measuring" else f"channels-last {brief}")
             parts.append(f"{m['model']}: {', '.join(what) or 'fused step only'}")
         return "yes (" + "; ".join(parts) + ")"
     reasons = [f"{m['model'] or ', '.join(m.get('optimizers', []))}: {m['stock']}" for m in models if m.get("stock")]

@@ -66,8 +66,9 @@ def test_tiny_run_of_every_variant(tmp_path):
     # the --nproc ranks each recorded their own steps; rank 1 saw other batches
     ranks = report["runs"]["patched, --nproc 2"][0]["ranks"]
     assert [len(r["learning"]) for r in ranks] == [2, 2] and ranks[0]["learning"] != ranks[1]["learning"]
-    # the steps nanopatch measured bf16 against fp32 in were warm-up, as many in every rank
-    assert ranks[0]["trial_steps"] == ranks[1]["trial_steps"] and 0 <= ranks[0]["trial_steps"] <= 16
+    # the steps nanopatch measured bf16 against fp32 in were warm-up, as many in every rank, up to
+    # the bench's MAX_TRIAL_STEPS (bench/families/train_step/worker.py)
+    assert ranks[0]["trial_steps"] == ranks[1]["trial_steps"] and 0 <= ranks[0]["trial_steps"] <= 38
     assert report["runs"]["stock"][0]["ranks"][0]["trial_steps"] == 0
 
     single = [rows[n]["details"] for n in ("stock", "patched, untuned", "patched, tuned")]

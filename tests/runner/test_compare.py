@@ -286,7 +286,7 @@ from torch import nn
 model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
 weight = nn.Parameter(torch.zeros(2))
 optimizer = torch.optim.SGD(model.parameters() if "--bare" not in sys.argv else [weight], lr=0.1)
-for _ in range(20 if "--long" in sys.argv else 2):  # --long: the bf16 trial's most steps, 3 + 1 + 2 * 8
+for _ in range(40 if "--long" in sys.argv else 2):  # --long: the trial's most steps, 3 + 3 + 4 * 8
     optimizer.zero_grad()
     x = torch.randn(4, 3, 8, 8)
     out = model(x) if "--bare" not in sys.argv else x.mean((1, 2, 3))[:, None] * weight
@@ -317,11 +317,12 @@ def test_the_table_says_whether_a_model_was_accelerated_and_why_not(tmp_path, ru
 
 
 def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
-    """With bf16 left to nanopatch, the model's first steps measure it against fp32; the table
-    and the end-of-run line say what was decided, with both medians."""
+    """With bf16 and channels-last left to nanopatch, the model's first steps measure them
+    against fp32 and stock's layout; the table and the end-of-run line say what was decided,
+    with the timings."""
     from nanopatch.targets.training.plan import Trial
 
-    assert Trial.warmup + 1 + 1 + 2 * Trial.max_rounds <= 20  # TRAIN's --long steps: always decided
+    assert Trial.warmup + 1 + 3 + 4 * Trial.max_rounds <= 40  # TRAIN's --long steps: always decided
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     proc = run_python(
@@ -332,9 +333,13 @@ def test_the_table_and_v_say_what_measuring_bf16_decided(tmp_path):
     proc = run_python(["-m", "nanopatch", "-v", "--no-ipex", str(script), "--long"], cwd=tmp_path, env=child_env())
     assert proc.returncode == 0, proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if "trained:" in line]
+    layout = r"channels-last (kept: measured|off: measured slower than|off: not measured clearly faster than)"
+    if cpu.host_facts().avx2:  # channels-last is nanopatch's choice there: measured
+        assert re.search(layout + r" .*channels-last [\d.]+ ms, stock's layout [\d.]+ ms", cell), cell
+        assert re.search(layout, line), line
     if not cpu.host_facts().native_bf16:  # bf16 is off without a measurement: its products are emulated
         assert cell.startswith("yes (Sequential: computed in float32") and "bf16" not in cell, cell
-        assert "computed in float32" in line and "measured" not in line, line
+        assert "computed in float32" in line and "bf16 kept" not in line and "bf16 off" not in line, line
         return
     # decided within the run (kept, off as slower, or off as not clearing the steps' noise where
     # other work shares the cores), with both timings

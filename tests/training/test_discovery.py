@@ -373,6 +373,9 @@ def test_bf16_is_not_measured_where_the_user_chose_it_or_under_compile(given):
         assert plan.trial is None and plan.describe()["bf16_measured"] is None
 
 
+BF16, FP32 = (True, True), (False, True)  # a bf16 trial's modes: (bf16, the layout the model has)
+
+
 @pytest.mark.parametrize(
     ("bf16_ms", "fp32_ms", "kept", "counted"),
     [(10, 20, True, 2), (20, 10, False, 2), (10.4, 10, False, 4), (9.9, 10, True, 4), (8.5, 10, True, 4)],
@@ -391,8 +394,8 @@ def test_the_trials_decision(bf16_ms, fp32_ms, kept, counted):
         trial.on_step(plan, now)
     assert (plan.amp_dtype is not None) is kept
     assert plan.bf16_measured.startswith("kept: " if kept else "off: ") and plan.describe()["bf16_measured"]
-    assert trial.times[True] == pytest.approx([bf16_ms / 1e3] * counted)
-    assert trial.times[False] == pytest.approx([fp32_ms / 1e3] * counted)  # the slow set-up step is not counted
+    assert trial.times[BF16] == pytest.approx([bf16_ms / 1e3] * counted)
+    assert trial.times[FP32] == pytest.approx([fp32_ms / 1e3] * counted)  # the slow set-up step is not counted
     assert modes == [True] * 3 + [False] + [False, True] * counted
 
 
@@ -416,7 +419,7 @@ def test_the_trial_measures_until_the_difference_clears_the_noise(bf16_ms, fp32_
         mode = trial.bf16
         series = bf16_ms if mode else fp32_ms
         now += series[seen[mode] % len(series)] / 1e3
-        if trial.steps > trial.warmup and (mode or trial._fp32_seen):
+        if trial.steps > trial.warmup and trial.mode in trial.seen:
             seen[mode] += 1
         trial.on_step(plan, now)
     assert (plan.amp_dtype is not None) is kept

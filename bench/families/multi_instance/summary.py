@@ -168,7 +168,8 @@ def print_markdown(report: dict[str, Any]) -> None:
     print(
         f"- {report['description']}; {h.plural(report['rounds'], 'round')} x {h.plural(report['steps'], 'timed step')} "
         f"per run after {report['warmup']} warm-up (and, under nanopatch, the steps it spent measuring bf16 against "
-        "fp32, at most 16), each run a fresh process (group), order rotated each round; "
+        "fp32 and channels-last against stock's layout, at most 38), each run a fresh process (group), "
+        "order rotated each round; "
         f"1-min load average at start {m['loadavg_start']}"
     )
     print(

@@ -55,8 +55,8 @@ def thread_cpus() -> dict[str, list[str]]:
 
 
 def still_measuring() -> bool:
-    """Whether nanopatch, if this script runs under it, still measures bf16 against fp32 for a
-    model, in any rank of a process group."""
+    """Whether nanopatch, if this script runs under it, still measures something for a model
+    (bf16 against fp32, channels-last against stock's layout), in any rank of a process group."""
     measuring_here = measuring()
     import torch.distributed as dist
 
@@ -125,7 +125,8 @@ def worker_main(args: argparse.Namespace) -> int:
             learning.after_step()
     for _ in range(args.warmup):
         step()
-    # the steps nanopatch spends measuring bf16 against fp32 (at most 16) are warm-up too: timed,
+    # the steps nanopatch spends measuring (bf16 against fp32, channels-last against stock's
+    # layout: at most MAX_TRIAL_STEPS) are warm-up too: timed,
     # they would mix fp32 steps into the rate of what it chose. Ranks agree on the count, or the
     # one that stopped first would wait for the others' gradients for ever.
     trial_steps = 0

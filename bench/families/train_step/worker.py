@@ -18,19 +18,22 @@ import harness as h
 from families.train_step.models import Job
 from families.train_step.roof import matmul_rates
 
-#: warm-up steps a variant may add while nanopatch measures bf16 against fp32 for its model
-MAX_TRIAL_STEPS = 16
+#: warm-up steps a variant may add while nanopatch measures bf16 against fp32 and channels-last
+#: against stock's layout for its model (its trial's longest: 3 + 3 set-up + 4 x 8 timed steps)
+MAX_TRIAL_STEPS = 38
 
 
 def measuring() -> bool:
-    """Whether nanopatch is still measuring bf16 against fp32 for a model (``status()``'s
-    ``bf16_measured``): the steps of that measurement are warm-up, not steady steps."""
+    """Whether nanopatch is still measuring bf16 against fp32 or channels-last against stock's
+    layout for a model (``status()``'s ``bf16_measured``, ``channels_last_measured``): the steps
+    of that measurement are warm-up, not steady steps."""
     if "nanopatch" not in sys.modules:
         return False
     import nanopatch
 
     models = nanopatch.status()["targets"].get("training", {}).get("details") or []
-    return any(isinstance(m, dict) and m.get("bf16_measured") == "measuring" for m in models)
+    keys = ("bf16_measured", "channels_last_measured")
+    return any(isinstance(m, dict) and "measuring" in (m.get(key) for key in keys) for m in models)
 
 
 def rss_mib() -> tuple[float, float]:
@@ -109,6 +112,9 @@ def setup_reply(request: dict[str, Any], job: Job, facts: dict[str, Any], **time
             "targets": {name: target["state"] for name, target in status["targets"].items()},
             "bf16_measured": [
                 m.get("bf16_measured") for m in status["targets"].get("training", {}).get("details") or []
+            ],
+            "channels_last_measured": [
+                m.get("channels_last_measured") for m in status["targets"].get("training", {}).get("details") or []
             ],
         }
     return reply

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -255,8 +256,6 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     plan.compile_mode = cfg.compile
     if cfg.compile == config_mod.COMPILE_AUTO:
         compile_choice.start(plan, model)
-    if plan.amp_dtype is not None and measured(cfg) and not plan.ipex:
-        plan.trial = trial_for(model)
     plan.frozen = frozen.Copies(model) if plan.amp_dtype is not None and not plan.ipex else None
     plan.masks = bool(cfg.fast_dropout) and dropout.installed()  # compiled graphs too: compiled_masks
     if plan.masks:
@@ -266,6 +265,12 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     plan.ddp = parallel.attach(module, model, optimizer) if parallel is not None else None
     if plan.ddp is not None:
         plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
+    layout = plan.layout is not None and layout_measured(cfg, plan)
+    plan.trial = trial_for(
+        model,
+        bf16=plan.amp_dtype is not None and measured(cfg) and not plan.ipex,
+        layout=_relayout(model, plan.rank, optimizer) if layout else None,
+    )
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -276,6 +281,29 @@ def measured(cfg: Any) -> bool:
     ``compile=`` (flipping autocast would recompile the graph; ``compile="auto"`` measures bf16
     first, eagerly, and compile after)."""
     return cfg.sources.get("bf16") == "auto" and (not cfg.compile or cfg.compile == config_mod.COMPILE_AUTO)
+
+
+def layout_measured(cfg: Any, plan: Plan) -> bool:
+    """Whether channels-last is measured against stock's layout on a model's first steps (after
+    the bf16 trial): where nanopatch chose it itself (``channels_last=True`` is honoured as
+    asked) and gave the model its channels-last weights; not under ``compile=`` (new strides
+    would recompile the graph; ``compile="auto"`` measures eagerly first), nor data-parallel
+    (DDP laid its gradient buckets out for the strides the weights had when it wrapped them)."""
+    compiles = cfg.compile and cfg.compile != config_mod.COMPILE_AUTO
+    return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
+
+
+def _relayout(model: nn.Module, rank: int, optimizer: Any) -> Callable[[bool], None]:
+    """The trial's switch between channels-last and stock's layout for ``model``: its weights,
+    their gradients and ``optimizer``'s state for them (nothing once either is gone)."""
+    refs = weakref.ref(model), weakref.ref(optimizer)
+
+    def switch(on: bool) -> None:
+        model, optimizer = (ref() for ref in refs)
+        if model is not None:
+            mf.relayout(model, rank, on, [optimizer] if optimizer is not None else [])
+
+    return switch
 
 
 def _already(model: nn.Module, rank: int) -> bool:
@@ -486,9 +514,10 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     if plan is None or not plan.installed or plan.stock is not None or plans.get(module) is not plan:
         return None
     # This call already fetched the class forward: run its hooks' part of the job here.
-    if plan.rank is not None:
-        args, _ = mf.convert_inputs(args, {}, plan.rank)
-        _convert_call_kwargs(plan.rank)
+    rank = plan.layout_now()
+    if rank is not None:
+        args, _ = mf.convert_inputs(args, {}, rank)
+        _convert_call_kwargs(rank)
     dtype = fw.amp_dtype(module, plan)
     context = fw.ours(dtype) if dtype is not None else None
     if context is not None:

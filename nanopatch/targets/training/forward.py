@@ -84,8 +84,9 @@ class AcceleratedForward(_InstanceForward):
         forward = self.original()
         if plan.stock is not None:
             return forward(*args, **kwargs)
-        if plan.rank is not None:
-            args, kwargs = mf.convert_inputs(args, kwargs, plan.rank)
+        rank = plan.layout_now()
+        if rank is not None:
+            args, kwargs = mf.convert_inputs(args, kwargs, rank)
         module = self.module
         training = module.training and torch.is_grad_enabled()
         dtype = amp_dtype(module, plan)

@@ -4,6 +4,12 @@ oneDNN's fastest CPU convolutions work on NHWC; a model converted with
 ``model.to(memory_format=torch.channels_last)`` keeps its parameters (the same ``Parameter``
 objects, so an optimizer built before still holds them) and only changes their strides.
 Models without 2-D/3-D convolutions are left alone.
+
+Whether it pays depends on the model and the CPU: ResNet-18 at 224 px trains faster in it, a
+small convolution on small images slower than stock (oneDNN reorders between layouts around
+ops that have no channels-last kernel). Where nanopatch chose it itself, the trial of
+:class:`.plan.Trial` measures it against stock's layout on the model's first steps, switching
+with :func:`relayout`, and keeps it only where it was faster.
 """
 
 from __future__ import annotations
@@ -75,3 +81,20 @@ def _convert_item(value: Any, rank: int, fmt: torch.memory_format) -> Any:
     if type(value) in (list, tuple):
         return type(value)(_convert(v, rank, fmt) for v in value)
     return _convert(value, rank, fmt)
+
+
+def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> None:
+    """The model's weights (and their gradients) channels-last (``on``) or back to stock's
+    contiguous strides, in place, and the optimizers' state for those weights (momentum, Adam's
+    moments) with them, so that an optimizer step reads all of them in one layout."""
+    fmt = memory_format(rank) if on else torch.contiguous_format
+    model.to(memory_format=fmt)  # the same Parameter objects, their .grad included
+    params = {id(p): p for p in model.parameters() if p.dim() == rank}
+    with torch.no_grad():
+        for optimizer in optimizers:
+            for param, state in list(getattr(optimizer, "state", {}).items()):
+                if id(param) not in params or not isinstance(state, dict):
+                    continue
+                for key, value in list(state.items()):
+                    if isinstance(value, torch.Tensor) and value.shape == param.shape and value.is_floating_point():
+                        state[key] = value.contiguous(memory_format=fmt)

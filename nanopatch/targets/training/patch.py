@@ -141,7 +141,8 @@ def training_now() -> bool:
 
 def measuring() -> bool:
     """Whether nanopatch is still measuring something for a model it trains (bf16 against
-    fp32, or compile="auto"'s eager and compiled steps): its steps are not yet the ones it chose."""
+    fp32, channels-last against stock's layout, or compile="auto"'s eager and compiled steps):
+    its steps are not yet the ones it chose."""
     with lock:
         return any(plan.trial is not None or plan.compile_trial is not None for plan in plans.values())
 

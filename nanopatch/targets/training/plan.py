@@ -14,6 +14,7 @@ import statistics
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -133,7 +134,8 @@ class Plan:
     # what carries the decisions out
     compiled: Any = None
     compile_trial: Any = None  # compile="auto"'s measurement while it runs (compile_choice.CompileTrial)
-    trial: Trial | None = None  # bf16 against fp32, step by step, while it is measured
+    trial: Trial | None = None  # bf16 against fp32 and/or channels-last against not, step by step, while measured
+    layout_measured: str | None = None  # the trial's decision on channels-last, once made
     fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
     heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
     gelus: list[Any] = dataclasses.field(default_factory=list)  # GELUs written out, on torch's kernel
@@ -154,6 +156,7 @@ class Plan:
             "bf16": self.amp_dtype is not None,
             "bf16_eval": self.amp_dtype is not None and self.amp_eval,
             "channels_last": {None: False, 4: "channels_last", 5: "channels_last_3d"}[self.rank],
+            "channels_last_measured": self._layout_state(),
             "ipex": self.ipex,
             "compile": self.compile_mode,
             "data_parallel": self.ddp is not None,
@@ -169,10 +172,29 @@ class Plan:
             "autocast": self.seen.autocast,
             "fast_dropout": self.seen.fast_dropout,
             "dropout_words": self._dropout_words() if self.seen.fast_dropout else None,
-            "bf16_measured": "measuring" if self.trial is not None else self.bf16_measured,
+            "bf16_measured": "measuring" if self.trial is not None and self.trial.measures_bf16 else self.bf16_measured,
             "compile_choice": self._compile_state(),
             "frozen_weights": self._frozen_weights(),
         }
+
+    def layout_now(self) -> int | None:
+        """The channels-last rank this training call's inputs get: the plan's, but None on the
+        trial's steps in stock's layout."""
+        trial = self.trial
+        return None if trial is not None and not trial.channels_last else self.rank
+
+    def layout_off(self) -> None:
+        """The trial's "off" for channels-last: stock's layout from the next training call on
+        (the trial laid the weights out so), and the journal forgets the layout it gave them."""
+        if self.layout is not None:
+            context().discard(self.layout)  # its undo restores the contiguous strides already there
+            self.layout = None
+        self.rank = None
+
+    def _layout_state(self) -> str | None:
+        if self.trial is not None and self.trial.relayout is not None:
+            return "measuring"
+        return self.layout_measured
 
     def bf16_off(self) -> None:
         """The bf16 trial's "off": fp32 from the next training call on, which is probed (it
@@ -241,6 +263,8 @@ class Plan:
             parts.append("attention as bf16 products")
         if self.bf16_measured:
             parts.append("bf16 " + self.bf16_measured.split(" (")[0])
+        if self.layout_measured:
+            parts.append("channels-last " + self.layout_measured.split(" (")[0])
         if self.gelus:
             parts.append(f"GELU on torch's kernel ({len(self.gelus)} module{'s' if len(self.gelus) != 1 else ''})")
         if self.seen.logit_loss:
@@ -277,29 +301,44 @@ def beyond_noise(first: list[float], second: list[float], margin: float = 0.0) -
     return "within", noise
 
 
-def trial_for(model: nn.Module) -> Trial:
-    """The measurement a bf16 model gets: every model is measured, since whether bf16 pays
-    depends on the CPU as much as on the model (small convolutions on small images can run slower
-    in bf16 than in fp32 on a CPU with AMX, and faster on one without). Recurrent models
-    (oneDNN's bf16 RNN kernels are not faster than fp32 everywhere) are never decided early."""
+def trial_for(model: nn.Module, bf16: bool, layout: Callable[[bool], None] | None = None) -> Trial | None:
+    """The measurement a model gets on its first steps, or None: ``bf16`` against fp32 where
+    nanopatch chose bf16 itself (every model is measured, since whether bf16 pays depends on the
+    CPU as much as on the model: small convolutions on small images can run slower in bf16 than
+    in fp32 on a CPU with AMX, and faster on one without), channels-last against stock's layout
+    where nanopatch gave the model channels-last weights itself (``layout`` switches them, with
+    their gradients and optimizer state, :func:`.memory_format.relayout`), or both together (the
+    one pays or loses with the other: oneDNN's bf16 convolutions want channels-last most).
+    Recurrent models (oneDNN's bf16 RNN kernels are not faster than fp32 everywhere) are never
+    decided early."""
+    if not bf16 and layout is None:
+        return None
     recurrent = any(isinstance(sub, nn.RNNBase) for sub in model.modules())
-    return Trial(early=None if recurrent else Trial.early)
+    return Trial(early=None if recurrent else Trial.early, measures_bf16=bf16, relayout=layout)
+
+
+Mode = tuple[bool, bool]  # (bf16 autocast on, channels-last on) for one step of a trial
 
 
 @dataclasses.dataclass
 class Trial:
-    """Measure-and-decide, bf16 against fp32, on the first steps of the real run: after
-    ``warmup`` optimizer steps in bf16, the steps alternate between fp32 and bf16 (the first
-    fp32 step, which sets fp32's kernels up, is not counted) until each mode has ``rounds``
-    timings (the time from one step's end to the next one's: one whole iteration); bf16 stays
-    only if its fastest step is not slower than fp32's fastest (``margin``: by more than that
-    share). The fastest, not the median: whatever else the script does between steps (logging,
-    a checkpoint, a slow batch) lands on some steps and not others, and only lengthens them.
-    Where the answer is clear-cut, it comes sooner: after ``early`` timings of each mode, bf16
-    below ``clear`` times fp32 keeps bf16 (or above 1 / ``clear`` turns it off). Where the steps
-    are noisy (other work sharing the cores: a mode's median more than its fastest), the
-    difference must clear that noise (:func:`spread`); the steps go on alternating until it does,
-    up to ``max_rounds`` timings of each, and where it never does fp32, stock's dtype, stays: a
+    """Measure-and-decide on the first steps of the real run, between the modes nanopatch chose
+    and stock's: bf16 autocast or fp32 (where ``measures_bf16``), channels-last weights or stock's
+    layout (where there is a ``relayout``), each mode a (bf16, channels-last) pair, the one
+    nanopatch chose first and stock's last (:attr:`modes`). After ``warmup`` optimizer steps in
+    the chosen mode, the steps go through the others (each one's first step, which sets its
+    kernels up, is not counted), then round and round, until each mode has ``rounds`` timings
+    (the time from one step's end to the next one's: one whole iteration, from after the switch
+    where the weights were laid out again). The fastest, not the median: whatever else the
+    script does between steps (logging, a checkpoint, a slow batch) lands on some steps and not
+    others, and only lengthens them. The fastest mode wins; where the answer is clear-cut it
+    comes sooner: after ``early`` timings of each mode, a mode slower than the fastest one by
+    more than 1 / ``clear`` is out (its steps are not run again), and the last one left wins.
+    Where the steps are noisy (other work sharing the cores: a mode's median more than
+    its fastest), a mode wins only where it is faster than the others by more than that noise
+    (:func:`spread`, at least ``margin``); the steps go on until one is, up to ``max_rounds``
+    timings of each, and where none is, the mode nearest stock's among those the noise cannot
+    tell apart is kept (stock's own, then fp32 in channels-last, then bf16 in stock's layout): a
     script must not compute in bf16 in one run and in fp32 in the next by chance."""
 
     warmup: int = 2
@@ -308,64 +347,140 @@ class Trial:
     margin: float = 0.0
     early: int | None = 2
     clear: float = 0.8
-    bf16: bool = True  # the mode of the iteration running now
+    measures_bf16: bool = True
+    relayout: Callable[[bool], None] | None = None
+    mode: Mode = (True, True)  # the mode of the iteration running now
     steps: int = 0
     last: float | None = None
-    times: dict[bool, list[float]] = dataclasses.field(default_factory=lambda: {True: [], False: []})
-    _fp32_seen: bool = False
+    times: dict[Mode, list[float]] = dataclasses.field(default_factory=dict)
+    seen: set[Mode] = dataclasses.field(default_factory=set)
+    out: set[Mode] = dataclasses.field(default_factory=set)  # clearly slower than another: not run again
+
+    def __post_init__(self) -> None:
+        self.modes: list[Mode] = [
+            (bf16, layout)
+            for bf16 in (True, False)
+            if bf16 or self.measures_bf16
+            for layout in (True, False)
+            if layout or self.relayout is not None
+        ]
+        self.mode = self.modes[0]
+        self.times = {mode: [] for mode in self.modes}
+        self.seen = {self.modes[0]}  # its set-up steps are the warm-up
+
+    @property
+    def bf16(self) -> bool:
+        """Whether this step runs under bf16 autocast (the forward reads it)."""
+        return self.mode[0]
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether this step runs in channels-last (the forward reads it)."""
+        return self.mode[1]
 
     def on_step(self, plan: Plan, now: float | None = None) -> None:
+        real = now is None
         now = time.perf_counter() if now is None else now
         if self.last is not None and self.steps > self.warmup:
-            if self.bf16 or self._fp32_seen:
-                self.times[self.bf16].append(now - self.last)
-            self._fp32_seen = self._fp32_seen or not self.bf16
+            if self.mode in self.seen:
+                self.times[self.mode].append(now - self.last)
+            self.seen.add(self.mode)
         self.last = now
         self.steps += 1
-        counted = min(len(v) for v in self.times.values())
-        settled = self._noise() == 0 or self._beyond_noise() or counted >= self.max_rounds
-        if (counted >= self.rounds and settled) or (self.early is not None and counted >= self.early and self._clear()):
+        counted = min(len(self.times[mode]) for mode in self._active())
+        if self.early is not None and counted >= self.early:
+            best = self._best()
+            fastest = self._fastest()
+            self.out.update(m for m in self._active() if fastest[best] < fastest[m] * self.clear)
+        if len(self._active()) == 1 or (counted >= self.rounds and self._settled(counted)):
             self._decide(plan)
         elif self.steps > self.warmup:
-            # fp32 first, twice (the uncounted set-up step, then a counted one), then alternating
-            self.bf16 = False if not self.times[False] else not self.bf16
+            mode = self._next()
+            if mode != self.mode:
+                self._switch(mode)
+                if real:  # the next step's time starts once the switch is done
+                    self.last = time.perf_counter()
 
-    def _fastest(self) -> tuple[float, float]:
-        return min(self.times[True]), min(self.times[False])
+    def _next(self) -> Mode:
+        """A mode not yet set up runs again (its counted step); else the next one, in order
+        after this one, of those with the fewest timings."""
+        if self.mode not in self.seen or (self.mode != self.modes[0] and not self.times[self.mode]):
+            return self.mode
+        active = self._active()
+        fewest = min(len(self.times[mode]) for mode in active)
+        at = self.modes.index(self.mode)
+        ordered = self.modes[at + 1 :] + self.modes[: at + 1]
+        return next(mode for mode in ordered if mode in active and len(self.times[mode]) == fewest)
 
-    def _clear(self) -> bool:
-        bf16, fp32 = self._fastest()
-        return bf16 < fp32 * self.clear or bf16 * self.clear > fp32
+    def _switch(self, mode: Mode) -> None:
+        if mode[1] != self.mode[1] and self.relayout is not None:
+            self.relayout(mode[1])
+        self.mode = mode
+
+    def _active(self) -> list[Mode]:
+        return [mode for mode in self.modes if mode not in self.out]
+
+    def _fastest(self) -> dict[Mode, float]:
+        return {mode: min(times) for mode, times in self.times.items() if times}
+
+    def _best(self) -> Mode:
+        fastest = self._fastest()
+        return min(self._active(), key=lambda mode: fastest[mode])
 
     def _noise(self) -> float:
-        return max(spread(self.times[True]), spread(self.times[False]))
+        return max(max(spread(self.times[mode]) for mode in self._active()), self.margin)
 
-    def _beyond_noise(self) -> bool:
-        return beyond_noise(self.times[True], self.times[False])[0] != "within"
+    def _tied(self) -> list[Mode]:
+        """The modes still in whose fastest step is not slower than the fastest one's by more
+        than the steps' noise, the one nearest stock's first."""
+        best, noise = self._best(), self._noise()
+        slower = {m for m in self._active() if beyond_noise(self.times[m], self.times[best], noise)[0] == "slower"}
+        return [m for m in reversed(self._active()) if m == best or m not in slower]
+
+    def _settled(self, counted: int) -> bool:
+        return self._noise() == 0 or len(self._tied()) == 1 or counted >= self.max_rounds
 
     def _decide(self, plan: Plan) -> None:
-        bf16, fp32 = self._fastest()
-        plan.trial = None
-        counts = sorted({len(v) for v in self.times.values()})
+        chosen = self._tied()[0]
+        fastest = self._fastest()
+        counts = "/".join(map(str, sorted({len(v) for v in self.times.values()})))
         noise = self._noise()
-        verdict = (
-            f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step "
-            f"(fastest of {'/'.join(map(str, counts))} steps)"
-        )
-        if noise and not self._clear() and not self._beyond_noise():
-            # as long as it measured, the difference stayed within the steps' own noise (other
-            # work sharing the cores): fp32, stock's dtype, is the known-safe choice
-            plan.bf16_off()
-            plan.bf16_measured = (
-                f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
-                f"the steps' noise {noise:.0%})"
+        plan.trial = None
+        if self.measures_bf16:
+            bf16, fp32 = fastest[(True, chosen[1])], fastest[(False, chosen[1])]
+            verdict = f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step (fastest of {counts} steps)"
+            if chosen[0]:
+                plan.bf16_measured = f"kept: measured {verdict}"
+                plan.notes.append(f"bf16 autocast kept: measured {verdict}")
+            elif bf16 <= fp32:
+                # as long as it measured, the difference stayed within the steps' own noise (other
+                # work sharing the cores): fp32, stock's dtype, is the known-safe choice
+                plan.bf16_off()
+                plan.bf16_measured = (
+                    f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
+                    f"the steps' noise {noise:.0%})"
+                )
+                plan.notes.append(f"bf16 autocast off: not clearly faster than fp32 ({verdict}, noise {noise:.0%})")
+            else:
+                plan.bf16_off()
+                plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
+                plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
+            logger.info("%s: %s", plan.name, plan.notes[-1])
+        if self.relayout is not None:
+            cl, plain = fastest[(chosen[0], True)], fastest[(chosen[0], False)]
+            verdict = (
+                f"channels-last {cl * 1e3:.1f} ms, stock's layout {plain * 1e3:.1f} ms per step "
+                f"(fastest of {counts} steps)"
             )
-            plan.notes.append(f"bf16 autocast off: not clearly faster than fp32 ({verdict}, noise {noise:.0%})")
-        elif bf16 > fp32 * (1 + self.margin):
-            plan.bf16_off()
-            plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
-            plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
-        else:
-            plan.bf16_measured = f"kept: measured {verdict}"
-            plan.notes.append(f"bf16 autocast kept: measured {verdict}")
-        logger.info("%s: %s", plan.name, plan.notes[-1])
+            if chosen[1]:
+                plan.layout_measured = f"kept: measured {verdict}"
+                plan.notes.append(f"channels-last kept: measured {verdict}")
+            else:
+                why = "not measured clearly faster than" if cl <= plain else "measured slower than"
+                noisy = f"; the steps' noise {noise:.0%}" if cl <= plain else ""
+                plan.layout_measured = f"off: {why} stock's layout for this model on this CPU ({verdict}{noisy})"
+                plan.notes.append(f"channels-last off: {why} stock's layout ({verdict}{noisy})")
+                plan.layout_off()
+            logger.info("%s: %s", plan.name, plan.notes[-1])
+        if chosen[1] != self.mode[1]:
+            self._switch((self.mode[0], chosen[1]))
