@@ -94,6 +94,80 @@ def test_checkpoint_save_load_resume_under_the_patch(make_optimizer):
     _run(stock, stock_opt, batches[3:4])
 
 
+def _conv_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
+    )
+
+
+def _optimizer(name, model, **flags):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **flags)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, **flags)
+
+
+def _conv_batches(n):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 4, (4,), generator=g)) for _ in range(n)]
+
+
+def _assert_same(a, b):
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("when", ["before-the-first-step", "after-a-step"])
+@pytest.mark.parametrize("make_optimizer", ["sgd", "adamw"])
+def test_a_stock_checkpoint_resumes_under_the_patch_as_stock_goes_on(make_optimizer, when):
+    """A checkpoint written by a stock run (momentum and moments laid out as the contiguous
+    weights were) resumed under nanopatch, whose channels-last weights and fused step would read
+    that state's elements in another order: the state is given the weights' layout, at the
+    conversion and at ``load_state_dict``, and training goes on as the stock run did."""
+    batches = _conv_batches(7)
+    with nanopatch.unpatched():
+        stock = _conv_net()
+        stock_opt = _optimizer(make_optimizer, stock)
+        _run(stock, stock_opt, batches[:3])
+        checkpoint = copy.deepcopy({"model": stock.state_dict(), "optimizer": stock_opt.state_dict()})
+        _run(stock, stock_opt, batches[3:])
+    with nanopatch.patched(bf16=False, channels_last=True, ipex=False):
+        model = _conv_net()
+        optimizer = _optimizer(make_optimizer, model)
+        if when == "after-a-step":  # trained a step under the patch (channels-last, fused), then resumed
+            _run(model, optimizer, batches[6:])
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        _run(model, optimizer, batches[3:])
+        weight = model[0].weight
+        assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+        assert optimizer.param_groups[0]["fused"] in (True, None)
+        assert all(v.stride() == weight.stride() for v in optimizer.state[weight].values() if v.dim() == 4)
+    _assert_same(model, stock)
+
+
+def test_a_users_fused_optimizer_goes_on_as_stock_after_unpatch():
+    """Weights nanopatch made channels-last go back to stock's strides at unpatch, and with them
+    the optimizer's state, which a fused step the user asked for reads as flat memory."""
+    batches = _conv_batches(6)
+    with nanopatch.unpatched():
+        stock = _conv_net()
+        stock_opt = _optimizer("sgd", stock, fused=True)
+        _run(stock, stock_opt, batches)
+    with nanopatch.patched(bf16=False, channels_last=True, ipex=False):
+        model = _conv_net()
+        optimizer = _optimizer("sgd", model, fused=True)
+        _run(model, optimizer, batches[:3])
+        assert not model[0].weight.is_contiguous()
+    _run(model, optimizer, batches[3:])  # stock again
+    assert model[0].weight.is_contiguous() and optimizer.state[model[0].weight]["momentum_buffer"].is_contiguous()
+    _assert_same(model, stock)
+
+
 def test_optimizer_built_before_patch_torch_is_found():
     script = """
         import json, torch

@@ -483,7 +483,7 @@ def test_sparse_gradients_run_stock():
 
 
 def test_a_failing_setup_leaves_the_model_stock(monkeypatch):
-    def broken(model, rank):
+    def broken(model, rank, *more):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(discovery.mf, "convert_model", broken)

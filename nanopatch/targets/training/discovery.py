@@ -244,7 +244,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
             rank = None
         if rank is not None:
             if not _already(model, rank):  # the user's own channels-last weights stay theirs
-                plan.layout = mf.convert_model(model, rank)
+                plan.layout = mf.convert_model(model, rank, lambda: _holding(model))
             plan.rank = rank
     if cfg.ipex and not plan.ipex:
         _try_ipex(module, model, optimizer, plan, bf16)
@@ -269,7 +269,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     plan.trial = trial_for(
         model,
         bf16=plan.amp_dtype is not None and measured(cfg) and not plan.ipex,
-        layout=_relayout(model, plan.rank, optimizer) if layout else None,
+        layout=_relayout(model, plan.rank) if layout else None,
     )
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
@@ -293,17 +293,28 @@ def layout_measured(cfg: Any, plan: Plan) -> bool:
     return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
 
 
-def _relayout(model: nn.Module, rank: int, optimizer: Any) -> Callable[[bool], None]:
+def _relayout(model: nn.Module, rank: int) -> Callable[[bool], None]:
     """The trial's switch between channels-last and stock's layout for ``model``: its weights,
-    their gradients and ``optimizer``'s state for them (nothing once either is gone)."""
-    refs = weakref.ref(model), weakref.ref(optimizer)
+    their gradients and the state of every optimizer holding them (nothing once it is gone)."""
+    ref = weakref.ref(model)
 
     def switch(on: bool) -> None:
-        model, optimizer = (ref() for ref in refs)
+        model = ref()
         if model is not None:
-            mf.relayout(model, rank, on, [optimizer] if optimizer is not None else [])
+            mf.relayout(model, rank, on, _holding(model))
 
     return switch
+
+
+def _holding(model: nn.Module) -> list[Any]:
+    """The optimizers nanopatch has seen that hold any of ``model``'s parameters: their state
+    follows the weights' layout."""
+    params = {id(p) for p in model.parameters()}
+    return [
+        opt
+        for opt in list(search.optimizers)
+        if any(id(p) in params for group in getattr(opt, "param_groups", []) for p in group.get("params", []))
+    ]
 
 
 def _already(model: nn.Module, rank: int) -> bool:
@@ -410,7 +421,7 @@ def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                 rank = mf.channels_last_rank(module)
                 trains = any(p.requires_grad for p in module.parameters())
                 if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
-                    search.converted[module] = mf.convert_model(module, rank)
+                    search.converted[module] = mf.convert_model(module, rank, lambda: _holding(module))
                     logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
         except Exception:
             logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))

@@ -15,11 +15,13 @@ with :func:`relayout`, and keeps it only where it was faster.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from . import optim
 from .plan import context
 
 _CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
@@ -41,25 +43,20 @@ def memory_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.channels_last_3d
 
 
-def convert_model(model: nn.Module, rank: int) -> Any:
-    """Make the model's weights channels-last; the change is an entry of the patch engine's
-    journal (undone at unpatch, or by ``Context.discard`` of what this returns), forgotten if
-    the model is dropped."""
-    model.to(memory_format=memory_format(rank))
+def convert_model(model: nn.Module, rank: int, optimizers: Callable[[], list[Any]] = list) -> Any:
+    """Make the model's weights channels-last, and the state ``optimizers()`` hold for them (see
+    :func:`relayout`); the change is an entry of the patch engine's journal (undone at unpatch,
+    or by ``Context.discard`` of what this returns: both back to contiguous strides), forgotten
+    if the model is dropped."""
+    relayout(model, rank, True, optimizers())
     ref = weakref.ref(model)
 
     def undo() -> None:
         alive = ref()
         if alive is not None:
-            restore_model(alive)
+            relayout(alive, rank, False, optimizers())
 
     return context().on_undo(undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
-
-
-def restore_model(model: nn.Module) -> None:
-    """Back to contiguous (stock) strides; only floating tensors of the convolution rank
-    change, as in :func:`convert_model`."""
-    model.to(memory_format=torch.contiguous_format)
 
 
 def _convert(value: Any, rank: int, fmt: torch.memory_format) -> Any:
@@ -85,16 +82,11 @@ def _convert_item(value: Any, rank: int, fmt: torch.memory_format) -> Any:
 
 def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> None:
     """The model's weights (and their gradients) channels-last (``on``) or back to stock's
-    contiguous strides, in place, and the optimizers' state for those weights (momentum, Adam's
-    moments) with them, so that an optimizer step reads all of them in one layout."""
-    fmt = memory_format(rank) if on else torch.contiguous_format
-    model.to(memory_format=fmt)  # the same Parameter objects, their .grad included
-    params = {id(p): p for p in model.parameters() if p.dim() == rank}
-    with torch.no_grad():
-        for optimizer in optimizers:
-            for param, state in list(getattr(optimizer, "state", {}).items()):
-                if id(param) not in params or not isinstance(state, dict):
-                    continue
-                for key, value in list(state.items()):
-                    if isinstance(value, torch.Tensor) and value.shape == param.shape and value.is_floating_point():
-                        state[key] = value.contiguous(memory_format=fmt)
+    contiguous strides, in place (the same ``Parameter`` objects), and the optimizers' state for
+    them (momentum, Adam's moments) given the weights' new strides: torch's fused CPU steps read
+    a weight, its gradient and its state as flat memory, and would mix up elements across
+    layouts (:func:`.optim.match_state_layout`)."""
+    model.to(memory_format=memory_format(rank) if on else torch.contiguous_format)
+    params = {id(p) for p in model.parameters()}
+    for optimizer in optimizers:
+        optim.match_state_layout(optimizer, params)
