@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import optim
 from .plan import context
 
 _CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
@@ -85,8 +84,35 @@ def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> No
     contiguous strides, in place (the same ``Parameter`` objects), and the optimizers' state for
     them (momentum, Adam's moments) given the weights' new strides: torch's fused CPU steps read
     a weight, its gradient and its state as flat memory, and would mix up elements across
-    layouts (:func:`.optim.match_state_layout`)."""
+    layouts (:func:`match_state_layout`)."""
     model.to(memory_format=memory_format(rank) if on else torch.contiguous_format)
     params = {id(p) for p in model.parameters()}
     for optimizer in optimizers:
-        optim.match_state_layout(optimizer, params)
+        match_state_layout(optimizer, params)
+
+
+def match_state_layout(optimizer: Any, params: set[int] | None = None) -> int:
+    """Give each state tensor of ``optimizer`` (of the parameters whose ids are in ``params``,
+    or all) that has its parameter's shape but other strides the parameter's strides, the same
+    values; returns how many it re-laid out. Torch's fused CPU steps (SGD, Adam, AdamW,
+    Adagrad) walk a parameter, its gradient and its state as flat memory: a momentum buffer laid
+    out contiguously beside a channels-last weight gets the wrong elements added, silently (a
+    stock checkpoint's state loaded into a model nanopatch made channels-last, or weights re-laid
+    out after the state was made)."""
+    count = 0
+    with torch.no_grad():
+        for param, state in list(getattr(optimizer, "state", {}).items()):
+            if not isinstance(param, torch.Tensor) or not isinstance(state, dict):
+                continue
+            if params is not None and id(param) not in params:
+                continue
+            for key, value in list(state.items()):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.shape == param.shape
+                    and value.layout == torch.strided
+                    and value.stride() != param.stride()
+                ):
+                    state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+                    count += 1
+    return count

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import selfcheck
+from .memory_format import match_state_layout
 from .plan import context
 
 _FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
@@ -120,33 +121,6 @@ def _reapply(optimizer: torch.optim.Optimizer) -> None:
         if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
             optimizer.param_groups[i][flag] = True
     match_state_layout(optimizer)  # a checkpoint's state, saved from weights in another layout
-
-
-def match_state_layout(optimizer: Any, params: set[int] | None = None) -> int:
-    """Give each state tensor of ``optimizer`` (of the parameters whose ids are in ``params``,
-    or all) that has its parameter's shape but other strides the parameter's strides, the same
-    values; returns how many it re-laid out. Torch's fused CPU steps (SGD, Adam, AdamW,
-    Adagrad) walk a parameter, its gradient and its state as flat memory: a momentum buffer laid
-    out contiguously beside a channels-last weight gets the wrong elements added, silently (a
-    stock checkpoint's state loaded into a model nanopatch made channels-last, or weights re-laid
-    out after the state was made)."""
-    count = 0
-    with torch.no_grad():
-        for param, state in list(getattr(optimizer, "state", {}).items()):
-            if not isinstance(param, torch.Tensor) or not isinstance(state, dict):
-                continue
-            if params is not None and id(param) not in params:
-                continue
-            for key, value in list(state.items()):
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.shape == param.shape
-                    and value.layout == torch.strided
-                    and value.stride() != param.stride()
-                ):
-                    state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
-                    count += 1
-    return count
 
 
 def around_step(optimizer: torch.optim.Optimizer, own: Any, pre: Any, post: Any) -> Any:
