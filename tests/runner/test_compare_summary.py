@@ -131,6 +131,26 @@ def test_bf16_measured_slower_says_so():
     assert _summary.accelerated_parts({"models": [kept]})[0].startswith("ResNet: computed in bf16")
 
 
+def test_channels_last_measured_slower_says_so():
+    """Channels-last measured slower than stock's layout for the model: the summary says so and
+    that it kept stock's layout; kept, it is among what was accelerated."""
+    off = dict(
+        RESNET,
+        channels_last=False,
+        channels_last_measured="off: measured slower than stock's layout for this model on this CPU "
+        "(channels-last 5.0 ms, stock's layout 2.4 ms per step (fastest of 2/3 steps))",
+    )
+    parts = _summary.not_accelerated_parts({"models": [off], "options": OPTIONS_NO_BF16}, AMX)
+    assert (
+        "channels-last for ResNet: measured slower than stock's layout on this CPU (channels-last 5.0 ms, "
+        "stock's layout 2.4 ms per step (fastest of 2/3 steps)), so it kept stock's layout"
+    ) in parts
+    assert "channels-last" not in _summary.accelerated_parts({"models": [off]})[0]
+    kept = dict(RESNET, channels_last_measured="kept: measured channels-last 2.0 ms, stock's layout 2.4 ms per step")
+    assert "channels-last" in _summary.accelerated_parts({"models": [kept]})[0]
+    assert not any("channels-last for" in p for p in _summary.not_accelerated_parts({"models": [kept]}, AMX))
+
+
 @pytest.mark.parametrize(
     ("choice", "said"),
     [
