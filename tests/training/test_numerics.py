@@ -106,6 +106,8 @@ def _conv_net():
 
 
 def _optimizer(name, model, **flags):
+    if name == "sgd-fused-by-user":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True, **flags)
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **flags)
     return torch.optim.AdamW(model.parameters(), lr=1e-2, **flags)
@@ -122,12 +124,13 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("when", ["before-the-first-step", "after-a-step"])
-@pytest.mark.parametrize("make_optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("make_optimizer", ["sgd", "adamw", "sgd-fused-by-user"])
 def test_a_stock_checkpoint_resumes_under_the_patch_as_stock_goes_on(make_optimizer, when):
     """A checkpoint written by a stock run (momentum and moments laid out as the contiguous
-    weights were) resumed under nanopatch, whose channels-last weights and fused step would read
-    that state's elements in another order: the state is given the weights' layout, at the
-    conversion and at ``load_state_dict``, and training goes on as the stock run did."""
+    weights were) resumed under nanopatch, whose channels-last weights and fused step (nanopatch's
+    or the user's) would read that state's elements in another order: the state is given the
+    weights' layout, at the conversion and at the first step after ``load_state_dict``, and
+    training goes on as the stock run did."""
     batches = _conv_batches(7)
     with nanopatch.unpatched():
         stock = _conv_net()

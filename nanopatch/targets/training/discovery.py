@@ -84,6 +84,8 @@ class Search:
     hooks: list[Any] = dataclasses.field(default_factory=list)
     #: hook entries the journal let go of at unpatch, removed after the last call
     outlived: list[Any] = dataclasses.field(default_factory=list)
+    #: optimizer -> id of the state dict whose layout was last matched to the weights
+    states: weakref.WeakKeyDictionary = dataclasses.field(default_factory=weakref.WeakKeyDictionary)
     #: discovered calls running now, in every thread
     inflight: int = 0
     #: removals put off while torch iterates its hooks (see _discover_post)
@@ -622,6 +624,22 @@ def _watch(optimizer: Any, plan: Plan | None = None) -> None:
 def step_pre(optimizer: Any, args: tuple, kwargs: dict) -> None:
     local.stepping = tls("stepping", 0) + 1
     _run_later()
+    _state_follows_weights(optimizer)
+
+
+def _state_follows_weights(optimizer: Any) -> None:
+    """Before the first step of a watched optimizer, and the first after each
+    ``load_state_dict`` (which puts a new ``state`` dict in place: one identity check a step),
+    its state tensors get their weights' strides (:func:`.memory_format.match_state_layout`): a
+    checkpoint's state laid out as another run's weights were would be misread by a fused step."""
+    state = getattr(optimizer, "state", None)
+    if state is None or optimizer not in search.watched or search.states.get(optimizer) == id(state):
+        return
+    try:
+        search.states[optimizer] = id(state)  # a new state dict exists before the old one goes: ids differ
+        mf.match_state_layout(optimizer)
+    except Exception:  # never break the user's step
+        logger.exception("nanopatch could not check %s's state", type(optimizer).__name__)
 
 
 def _run_later() -> None:
@@ -742,6 +760,7 @@ def reset() -> None:
     _run_later()
     stop()
     search.watched.clear()
+    search.states.clear()
     search.unaccelerated.clear()
     for change in list(search.converted.values()):
         context().discard(change)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from . import selfcheck
-from .memory_format import match_state_layout
 from .plan import context
 
 _FUSABLE = ("SGD", "Adam", "AdamW", "Adagrad")
@@ -120,7 +119,6 @@ def _reapply(optimizer: torch.optim.Optimizer) -> None:
     for i in changed:
         if i < len(optimizer.param_groups) and _eligible(optimizer.param_groups[i], flag):
             optimizer.param_groups[i][flag] = True
-    match_state_layout(optimizer)  # a checkpoint's state, saved from weights in another layout
 
 
 def around_step(optimizer: torch.optim.Optimizer, own: Any, pre: Any, post: Any) -> Any:
