@@ -633,11 +633,13 @@ def _state_follows_weights(optimizer: Any) -> None:
     its state tensors get their weights' strides (:func:`.memory_format.match_state_layout`): a
     checkpoint's state laid out as another run's weights were would be misread by a fused step."""
     state = getattr(optimizer, "state", None)
-    if state is None or optimizer not in search.watched or search.states.get(optimizer) == id(state):
+    watch = search.watched.get(optimizer)
+    if state is None or watch is None or search.states.get(optimizer) == id(state):
         return
     try:
         search.states[optimizer] = id(state)  # a new state dict exists before the old one goes: ids differ
-        mf.match_state_layout(optimizer)
+        if not any(plan is not None and plan.ipex for plan in (ref() for ref in watch.plans)):
+            mf.match_state_layout(optimizer)  # IPEX lays its own weights and state out
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's state", type(optimizer).__name__)
 
