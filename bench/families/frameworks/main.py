@@ -120,9 +120,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     git = machine["git"]
     env = run_env()
     if args.tiny:
-        # tiny models measure faster in fp32, and nanopatch would choose it: the suite's run pins bf16
-        # so that what it checks (bf16 inside, the same in every launch) does not depend on timing
+        # tiny models measure faster in fp32 and stock's layout, and nanopatch would choose them: the
+        # suite's run pins bf16 and channels-last so that what it checks (bf16 / channels-last
+        # inside, the same in every launch) does not depend on timing
         env["NANOPATCH_BF16"] = "1"
+        env["NANOPATCH_CHANNELS_LAST"] = "1"
     elif not args.quick and args.warmup < TRIAL_SPAN:
         log(f"--warmup {args.warmup} -> {TRIAL_SPAN}: the timed steps start after nanopatch's bf16 measurement")
         args.warmup = TRIAL_SPAN
