@@ -232,3 +232,25 @@ def test_channels_last_is_not_measured_where_the_user_asked_for_it_or_under_comp
         plan = training.plans[model]
         assert plan.trial is None and plan.layout_measured is None and plan.rank == 4
         assert channels_last(model.conv.weight)
+
+
+@pytest.mark.parametrize("given", [{"channels_last": True}, {}], ids=["asked-for", "measured"])
+def test_a_dropped_model_is_not_kept_alive_by_its_layout(given):
+    """The journal's entry for channels-last weights, and the trial's switch, hold no reference
+    to the model or its optimizer: a script that drops them (a model per fold, per trial of a
+    search) frees them while patched."""
+    import gc
+    import weakref
+
+    with nanopatch.patched(bf16=False, ipex=False, **given):
+        model = ConvNet()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        train(model, optimizer, data(3))
+        if given:
+            assert channels_last(model.conv.weight)
+        elif cpu.host_facts().avx2:  # in the middle of its measurement: the trial's switch is held
+            assert training.plans[model].trial.relayout is not None
+        refs = weakref.ref(model), weakref.ref(optimizer)
+        del model, optimizer
+        gc.collect()
+        assert [ref() for ref in refs] == [None, None]

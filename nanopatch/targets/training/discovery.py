@@ -246,7 +246,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
             rank = None
         if rank is not None:
             if not _already(model, rank):  # the user's own channels-last weights stay theirs
-                plan.layout = mf.convert_model(model, rank, lambda: _holding(model))
+                plan.layout = mf.convert_model(model, rank, _holding)
             plan.rank = rank
     if cfg.ipex and not plan.ipex:
         _try_ipex(module, model, optimizer, plan, bf16)
@@ -423,7 +423,7 @@ def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                 rank = mf.channels_last_rank(module)
                 trains = any(p.requires_grad for p in module.parameters())
                 if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
-                    search.converted[module] = mf.convert_model(module, rank, lambda: _holding(module))
+                    search.converted[module] = mf.convert_model(module, rank, _holding)
                     logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
         except Exception:
             logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))

@@ -42,18 +42,18 @@ def memory_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.channels_last_3d
 
 
-def convert_model(model: nn.Module, rank: int, optimizers: Callable[[], list[Any]] = list) -> Any:
-    """Make the model's weights channels-last, and the state ``optimizers()`` hold for them (see
-    :func:`relayout`); the change is an entry of the patch engine's journal (undone at unpatch,
-    or by ``Context.discard`` of what this returns: both back to contiguous strides), forgotten
-    if the model is dropped."""
-    relayout(model, rank, True, optimizers())
+def convert_model(model: nn.Module, rank: int, optimizers: Callable[[nn.Module], list[Any]] = lambda _: []) -> Any:
+    """Make the model's weights channels-last, and the state ``optimizers(model)`` hold for them
+    (see :func:`relayout`); the change is an entry of the patch engine's journal (undone at
+    unpatch, or by ``Context.discard`` of what this returns: both back to contiguous strides),
+    forgotten if the model is dropped (the entry holds no reference to it)."""
+    relayout(model, rank, True, optimizers(model))
     ref = weakref.ref(model)
 
     def undo() -> None:
         alive = ref()
         if alive is not None:
-            relayout(alive, rank, False, optimizers())
+            relayout(alive, rank, False, optimizers(alive))
 
     return context().on_undo(undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
 
