@@ -279,14 +279,14 @@ def _stock_model_parts(model: dict) -> list[str]:
     parts = []
     if model.get("stock") is not None:
         parts.append(f"{name} ran stock ({model['stock']})")
-    measured = model.get("bf16_measured") or ""
-    if measured.startswith("off"):
-        why = measured.split(": ", 1)[1] if ": " in measured else measured
-        parts.append(f"bf16 autocast for {name}: {why.replace(' for this model', '')}, so it kept fp32")
-    layout = model.get("channels_last_measured") or ""
-    if layout.startswith("off"):
-        why = layout.split(": ", 1)[1] if ": " in layout else layout
-        parts.append(f"channels-last for {name}: {why.replace(' for this model', '')}, so it kept stock's layout")
+    for key, what, stock in (
+        ("bf16_measured", "bf16 autocast", "fp32"),
+        ("channels_last_measured", "channels-last", "stock's layout"),
+    ):
+        measured = model.get(key) or ""
+        if measured.startswith("off"):
+            why = measured.split(": ", 1)[1] if ": " in measured else measured
+            parts.append(f"{what} for {name}: {why.replace(' for this model', '')}, so it kept {stock}")
     frozen = model.get("frozen_weights") or ""
     if frozen.startswith("cast in every forward"):
         parts.append(f"the frozen weights of {name}: {frozen}")

@@ -42,7 +42,7 @@ def memory_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.channels_last_3d
 
 
-def convert_model(model: nn.Module, rank: int, optimizers: Callable[[nn.Module], list[Any]] = lambda _: []) -> Any:
+def convert_model(model: nn.Module, rank: int, optimizers: Callable[[nn.Module], list[Any]]) -> Any:
     """Make the model's weights channels-last, and the state ``optimizers(model)`` hold for them
     (see :func:`relayout`); the change is an entry of the patch engine's journal (undone at
     unpatch, or by ``Context.discard`` of what this returns: both back to contiguous strides),
@@ -91,15 +91,14 @@ def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> No
         match_state_layout(optimizer, params)
 
 
-def match_state_layout(optimizer: Any, params: set[int] | None = None) -> int:
+def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:
     """Give each state tensor of ``optimizer`` (of the parameters whose ids are in ``params``,
     or all) that has its parameter's shape but other strides the parameter's strides, the same
-    values; returns how many it re-laid out. Torch's fused CPU steps (SGD, Adam, AdamW,
+    values. Torch's fused CPU steps (SGD, Adam, AdamW,
     Adagrad) walk a parameter, its gradient and its state as flat memory: a momentum buffer laid
     out contiguously beside a channels-last weight gets the wrong elements added, silently (a
     stock checkpoint's state loaded into a model nanopatch made channels-last, or weights re-laid
     out after the state was made)."""
-    count = 0
     with torch.no_grad():
         for param, state in list(getattr(optimizer, "state", {}).items()):
             if not isinstance(param, torch.Tensor) or not isinstance(state, dict):
@@ -114,5 +113,3 @@ def match_state_layout(optimizer: Any, params: set[int] | None = None) -> int:
                     and value.stride() != param.stride()
                 ):
                     state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
-                    count += 1
-    return count

@@ -187,7 +187,7 @@ class Plan:
         """The trial's "off" for channels-last: stock's layout from the next training call on
         (the trial laid the weights out so), and the journal forgets the layout it gave them."""
         if self.layout is not None:
-            context().discard(self.layout)  # its undo restores the contiguous strides already there
+            context().discard(self.layout)  # its undo finds the contiguous strides already there
             self.layout = None
         self.rank = None
 
@@ -448,39 +448,39 @@ class Trial:
         plan.trial = None
         if self.measures_bf16:
             bf16, fp32 = fastest[(True, chosen[1])], fastest[(False, chosen[1])]
-            verdict = f"bf16 {bf16 * 1e3:.1f} ms, fp32 {fp32 * 1e3:.1f} ms per step (fastest of {counts} steps)"
-            if chosen[0]:
-                plan.bf16_measured = f"kept: measured {verdict}"
-                plan.notes.append(f"bf16 autocast kept: measured {verdict}")
-            elif bf16 <= fp32:
-                # as long as it measured, the difference stayed within the steps' own noise (other
-                # work sharing the cores): fp32, stock's dtype, is the known-safe choice
+            if not chosen[0]:
                 plan.bf16_off()
-                plan.bf16_measured = (
-                    f"off: not measured clearly faster than fp32 for this model on this CPU ({verdict}; "
-                    f"the steps' noise {noise:.0%})"
-                )
-                plan.notes.append(f"bf16 autocast off: not clearly faster than fp32 ({verdict}, noise {noise:.0%})")
-            else:
-                plan.bf16_off()
-                plan.bf16_measured = f"off: measured slower than fp32 for this model on this CPU ({verdict})"
-                plan.notes.append(f"bf16 autocast off: measured slower for this model ({verdict})")
+            plan.bf16_measured, note = _measured(chosen[0], bf16, fp32, ("bf16", "fp32"), counts, noise)
+            plan.notes.append(f"bf16 autocast {note}")
             logger.info("%s: %s", plan.name, plan.notes[-1])
         if self.relayout is not None:
             cl, plain = fastest[(chosen[0], True)], fastest[(chosen[0], False)]
-            verdict = (
-                f"channels-last {cl * 1e3:.1f} ms, stock's layout {plain * 1e3:.1f} ms per step "
-                f"(fastest of {counts} steps)"
-            )
-            if chosen[1]:
-                plan.layout_measured = f"kept: measured {verdict}"
-                plan.notes.append(f"channels-last kept: measured {verdict}")
-            else:
-                why = "not measured clearly faster than" if cl <= plain else "measured slower than"
-                noisy = f"; the steps' noise {noise:.0%}" if cl <= plain else ""
-                plan.layout_measured = f"off: {why} stock's layout for this model on this CPU ({verdict}{noisy})"
-                plan.notes.append(f"channels-last off: {why} stock's layout ({verdict}{noisy})")
+            if chosen[1] != self.mode[1]:
+                self._switch((self.mode[0], chosen[1]))
+            if not chosen[1]:
                 plan.layout_off()
+            names = ("channels-last", "stock's layout")
+            plan.layout_measured, note = _measured(chosen[1], cl, plain, names, counts, noise)
+            plan.notes.append(f"channels-last {note}")
             logger.info("%s: %s", plan.name, plan.notes[-1])
-        if chosen[1] != self.mode[1]:
-            self._switch((self.mode[0], chosen[1]))
+
+
+def _measured(kept: bool, on: float, off: float, names: tuple[str, str], counts: str, noise: float) -> tuple[str, str]:
+    """What a trial decided for one choice (bf16, channels-last), from the fastest steps with it
+    ``on`` and ``off``: the plan's ``*_measured`` text and the note's, both with the figures."""
+    on_name, off_name = names
+    verdict = f"{on_name} {on * 1e3:.1f} ms, {off_name} {off * 1e3:.1f} ms per step (fastest of {counts} steps)"
+    if kept:
+        return f"kept: measured {verdict}", f"kept: measured {verdict}"
+    if on <= off:
+        # as long as it measured, the difference stayed within the steps' own noise (other work
+        # sharing the cores): stock's choice is the known-safe one
+        return (
+            f"off: not measured clearly faster than {off_name} for this model on this CPU ({verdict}; "
+            f"the steps' noise {noise:.0%})",
+            f"off: not clearly faster than {off_name} ({verdict}, noise {noise:.0%})",
+        )
+    return (
+        f"off: measured slower than {off_name} for this model on this CPU ({verdict})",
+        f"off: measured slower for this model ({verdict})",
+    )
