@@ -37,7 +37,7 @@ from typing import Any
 from nanopatch import engine
 from nanopatch.foundation import cpu
 from nanopatch.foundation.log import warn_once
-from nanopatch.runtime import processes
+from nanopatch.runtime import launch, processes
 from nanopatch.runtime import tuning as runtime
 
 logger = logging.getLogger("nanopatch")
@@ -671,6 +671,7 @@ def _destroy_group() -> None:
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    launch.settle_gloo()  # the group's threads live on while Lightning's DDP wrapper holds it
 
 
 def _as_list(value: Any) -> list[Any]:

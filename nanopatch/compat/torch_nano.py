@@ -31,7 +31,7 @@ from typing import Any
 
 from nanopatch import engine
 from nanopatch.foundation.log import log_once
-from nanopatch.runtime import loopback, processes
+from nanopatch.runtime import launch, loopback, processes
 
 from .lightning import (
     LrWarmup,
@@ -313,6 +313,7 @@ def _end_group() -> None:
         with contextlib.suppress(Exception):
             dist.barrier()
         dist.destroy_process_group()
+    launch.settle_gloo()  # a DDP wrapper still holding the group keeps its threads
 
 
 def _spawn(nano: TorchNano, start_method: str, args: tuple, kwargs: dict, result_file: str) -> None:

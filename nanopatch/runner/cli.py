@@ -410,6 +410,15 @@ def _run_rank(kind: str, target: str, script_args: Sequence[str]) -> int:
 
     distributed.start()
     try:
+        return _run_rank_script(kind, target, script_args)
+    finally:
+        launch.settle_gloo()
+
+
+def _run_rank_script(kind: str, target: str, script_args: Sequence[str]) -> int:
+    from nanopatch.targets.parallel import patch as distributed
+
+    try:
         code = _run_target(kind, target, script_args)
     except SystemExit as exc:
         # ``sys.exit(main())``, the commonest last line of a script: a success tears the group

@@ -365,6 +365,54 @@ def record_exit() -> None:
     _write_error_file("", "")
 
 
+#: the name torch gives gloo's worker threads (``c10::setThreadName``; so on torch 2.13 and 2.15)
+_GLOO_WORKER = "pt_gloo_runloop"
+
+
+def settle_gloo(timeout: float = 2.0) -> None:
+    """Let gloo's worker threads finish with their last collective before the interpreter shuts
+    down (called at the end of every rank, whether the script destroyed its group or not).
+
+    A worker thread destroys each collective it ran just after the caller's ``wait()`` returned,
+    and a collective started inside ``backward`` (DDP's all-reduces) carries a Python object in
+    its thread-local state (the ``contextvars`` copy torch's autograd stashes there), so
+    the destruction needs the GIL. Where the interpreter has started finalising by then (the
+    script's last statement was ``dist.destroy_process_group()``, which leaves the group's
+    threads to the DDP wrapper that holds it), the worker is made to exit while in a destructor:
+    "terminate called without an active exception", SIGABRT. A process with one CPU (a pinned
+    rank) loses that race a few times in a hundred; stock torchrun pinned to one core loses it
+    too. So the main thread waits here, without the GIL, until every gloo worker sleeps (twice in
+    a row, a millisecond apart), at most ``timeout`` seconds; where threads carry no names
+    (another OS, an older torch) it returns at once."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        states = _thread_states(_GLOO_WORKER)
+        if not states:
+            return
+        quiet = quiet + 1 if all(state == "S" for state in states) else 0
+        time.sleep(0.001)
+
+
+def _thread_states(name: str) -> list[str]:
+    """The scheduler states (``R``, ``S``, ...) of this process's threads called ``name``."""
+    states = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return states
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        open_paren, close_paren = stat.find("("), stat.rfind(")")
+        if stat[open_paren + 1 : close_paren] == name:
+            states.append(stat[close_paren + 2 : close_paren + 3])
+    return states
+
+
 def _write_error_file(message: str, callstack: str) -> bool:
     """Write a rank's error where torchrun's agent reads it; False where there is no such place."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")

@@ -345,6 +345,103 @@ def test_a_rank_that_ends_with_sys_exit_tears_its_group_down(tmp_path):
     assert "final loss" in proc.stdout and "Signal" not in proc.stderr
 
 
+def _named_thread(name, busy_for, stop):
+    """A thread the OS knows as ``name`` that keeps a CPU busy for ``busy_for`` seconds (its state
+    R), then sleeps (S) until ``stop`` is set."""
+    import ctypes
+    import hashlib
+    import threading
+    import time
+
+    block = bytes(1 << 22)
+    named = threading.Event()
+
+    def run():
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME, as c10::setThreadName
+        named.set()
+        end = time.monotonic() + busy_for
+        while time.monotonic() < end and not stop.is_set():
+            hashlib.sha256(block)  # busy without the GIL, as a worker in C++ is
+        stop.wait()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    named.wait()
+    return thread
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and states from /proc")
+def test_a_rank_waits_for_gloos_workers_to_go_idle_before_it_ends():
+    """A gloo worker destroys its last collective just after the caller's wait returned; where
+    that collective ran in a backward, the destruction needs the GIL, and a worker that still
+    does it when the interpreter finalises aborts the process (SIGABRT after the last epoch, a
+    few runs in a hundred for a pinned rank). ``settle_gloo`` waits, without the GIL, until every
+    thread named as torch names gloo's workers sleeps, and no longer than its timeout."""
+    import threading
+    import time
+
+    assert launch._thread_states("pt_gloo_runloop") == []
+    started = time.monotonic()
+    launch.settle_gloo()  # no gloo worker: no wait
+    assert time.monotonic() - started < 0.5
+    stop = threading.Event()
+    try:
+        thread = _named_thread("pt_gloo_runloop", busy_for=0.3, stop=stop)
+        assert launch._thread_states("pt_gloo_runloop") in (["R"], ["S"])  # S: between two blocks
+        started = time.monotonic()
+        launch.settle_gloo(timeout=10)
+        waited = time.monotonic() - started
+        assert 0.2 < waited < 5, waited  # until the worker slept, not the timeout
+        assert launch._thread_states("pt_gloo_runloop") == ["S"]
+    finally:
+        stop.set()
+        thread.join()
+    stop = threading.Event()
+    try:
+        thread = _named_thread("pt_gloo_runloop", busy_for=60, stop=stop)
+        started = time.monotonic()
+        launch.settle_gloo(timeout=0.3)  # a worker that never sleeps: bounded
+        assert 0.25 < time.monotonic() - started < 3
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_every_way_a_rank_ends_waits_for_gloo_to_settle(monkeypatch):
+    from nanopatch.runner import cli
+
+    calls = []
+    monkeypatch.setattr(distributed, "start", lambda: None)
+    monkeypatch.setattr(distributed, "finish", lambda: calls.append("finish"))
+    monkeypatch.setattr(launch, "settle_gloo", lambda: calls.append("settle"))
+    monkeypatch.setattr(launch, "record_exit", lambda: calls.append("record_exit"))
+    monkeypatch.setattr(launch, "record_failure", lambda exc, skip_file: calls.append("record_failure"))
+
+    def ends(how):
+        def run_target(kind, target, script_args):
+            if isinstance(how, BaseException):
+                raise how
+            return how
+
+        return run_target
+
+    for how, code, expected in (
+        (0, 0, ["finish", "settle"]),
+        (ValueError("broken"), 1, ["record_failure", "settle"]),
+        (SystemExit(0), SystemExit, ["finish", "settle"]),
+        (SystemExit(3), SystemExit, ["record_exit", "settle"]),
+        (KeyboardInterrupt(), KeyboardInterrupt, ["settle"]),
+    ):
+        calls.clear()
+        monkeypatch.setattr(cli, "_run_target", ends(how))
+        if isinstance(code, type):
+            with pytest.raises(code):
+                cli._run_rank("script", "train.py", [])
+        else:
+            assert cli._run_rank("script", "train.py", []) == code
+        assert calls == expected, (how, calls)
+
+
 @pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
 def test_a_one_machine_job_listens_on_loopback_only(tmp_path):
