@@ -292,6 +292,25 @@ def test_a_script_doing_its_own_ddp_is_left_alone(tmp_path):
 
 @pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
+@pytest.mark.skipif(not cpu.host_facts().native_bf16, reason="bf16 is not nanopatch's choice here: nothing to measure")
+@pytest.mark.parametrize("own_ddp", [False, True], ids=["nanopatchs-ddp", "the-scripts-ddp"])
+def test_every_rank_measures_the_same_and_decides_the_same(tmp_path, own_ddp):
+    """bf16 against fp32 is measured on every rank, from the slowest rank's step times: each
+    rank records the same figures and keeps the same choice (measured apart, the two ranks of
+    one run kept bf16 on one and fp32 on the other, each with its own figures)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = str(TESTS_DIR / "data" / "dp_trial.py")
+    ok(nanopatch(["--nproc", "2", script, "--out", str(out), *(["--own-ddp"] if own_ddp else [])], cwd=tmp_path))
+    ranks = [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert len(ranks[0]) == 1 and ranks[0][0]["data_parallel"] is not own_ddp
+    measured = ranks[0][0]["bf16_measured"]
+    assert measured.startswith(("kept: measured", "off: ")) and "ms per step" in measured
+    assert ranks[0] == ranks[1]
+
+
+@pytest.mark.py_only  # the processes a launch starts and leaves
+@needs_two
 def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     proc, _ = dp_run(tmp_path, ["--nproc", "2", "--all-ranks-print"], ["--fail-rank", "1"])
     assert proc.returncode == 1

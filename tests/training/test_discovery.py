@@ -399,6 +399,32 @@ def test_the_trials_decision(bf16_ms, fp32_ms, kept, counted):
     assert modes == [True] * 3 + [False] + [False, True] * counted
 
 
+def test_a_data_parallel_trial_decides_from_the_slowest_ranks_times():
+    """Under DDP every rank's step time goes through ``agree`` (the slowest rank's, an
+    all-reduce) at every step the trial times, the set-up steps included, so that every rank
+    calls it equally often and records the same times: here this rank's own steps say bf16 is
+    faster, the slowest rank's say it is not, and the trial keeps fp32 with the agreed figures."""
+    from nanopatch.targets.training.plan import Plan, Trial
+
+    asked = []
+
+    def slowest(seconds):  # the other rank: bf16 20 ms, fp32 10 ms
+        asked.append(seconds)
+        return max(seconds, 0.020 if seconds < 0.0095 else 0.010)
+
+    plan = Plan(name="M", amp_dtype=torch.bfloat16)
+    plan.trial = trial = Trial(agree=slowest)
+    now, steps = 0.0, 0
+    while plan.trial is not None:
+        now += 0.009 if trial.bf16 else 0.0098  # this rank: bf16 9 ms, fp32 9.8 ms
+        trial.on_step(plan, now)
+        steps += 1
+    assert plan.amp_dtype is None and plan.bf16_measured.startswith("off: measured slower than fp32")
+    assert "bf16 20.0 ms, fp32 10.0 ms" in plan.bf16_measured
+    assert trial.times[BF16] == pytest.approx([0.020, 0.020]) and trial.times[FP32] == pytest.approx([0.010, 0.010])
+    assert len(asked) == steps - trial.warmup - 1  # every step after the warm-up, counted or not
+
+
 @pytest.mark.parametrize(
     ("bf16_ms", "fp32_ms", "kept", "counted"),
     [

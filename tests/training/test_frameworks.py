@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nanopatch
 from nanopatch import NanopatchWarning
+from nanopatch.foundation import cpu
 
 from conftest import REPO_ROOT, TESTS_DIR, child_env, run_python
 from data.fw_models import PickleNet, Sentences, sentences_bert
@@ -414,6 +415,21 @@ def test_lightning_ddp_over_the_processes_of_nproc(tmp_path):
     args = ["--nproc", "2", *RUNNER_FLAGS, str(DDP_SCRIPT), "--out", str(out), "--root", str(root)]
     proc = run_nanopatch(args, tmp_path)
     check_lightning_ddp_run(out, root, proc.stderr)
+
+
+@pytest.mark.skipif(not cpu.host_facts().native_bf16, reason="bf16 is not nanopatch's choice here: nothing to measure")
+def test_lightning_ddp_ranks_measure_bf16_in_lock_step(tmp_path):
+    """bf16 chosen by nanopatch (not asked for) is measured against fp32 on each rank of
+    Lightning's DDP from the slowest rank's step times: every rank runs the same mode at every
+    step and keeps the same one (measured apart, two ranks could keep different ones)."""
+    framework("lightning.pytorch")
+    out, root = tmp_path / "out", tmp_path / "root"
+    args = ["--nproc", "2", "--channels-last", "--no-ipex", str(DDP_SCRIPT), "--out", str(out), "--root", str(root)]
+    run_nanopatch([*args, "--samples", "96", "--batch", "2"], tmp_path)
+    dtypes = [[p["dtype"] for p in json.loads((out / f"rank{r}.json").read_text())["probe"]] for r in (0, 1)]
+    assert len(dtypes[0]) == 24 and "torch.float32" in dtypes[0][:20]  # fp32 was measured
+    assert dtypes[0] == dtypes[1]
+    assert len(set(dtypes[0][-8:])) == 1  # decided
 
 
 # --- Hugging Face Trainer and accelerate ------------------------------------------------------

@@ -273,6 +273,8 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         bf16=plan.amp_dtype is not None and measured(cfg) and not plan.ipex,
         layout=_relayout(model, plan.rank) if layout else None,
     )
+    if plan.trial is not None:
+        plan.trial.agree = _slowest_rank(plan.ddp if plan.ddp is not None else module)
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -293,6 +295,31 @@ def layout_measured(cfg: Any, plan: Plan) -> bool:
     (DDP laid its gradient buckets out for the strides the weights had when it wrapped them)."""
     compiles = cfg.compile and cfg.compile != config_mod.COMPILE_AUTO
     return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
+
+
+def _slowest_rank(module: Any) -> Callable[[float], float] | None:
+    """For a model trained through ``DistributedDataParallel`` (nanopatch's own under
+    ``--nproc``, the script's, Lightning's) over two processes or more: a step time -> the
+    slowest of its ranks' (an all-reduce over the wrapper's group), so that the trial decides
+    the same on every rank. DDP's own all-reduces in every backward keep the ranks' steps in
+    lock-step, so every rank calls it at the same steps. None for any other model."""
+    if not isinstance(module, nn.parallel.DistributedDataParallel):
+        return None
+    import torch.distributed as dist
+
+    group = getattr(module, "process_group", None)
+    try:
+        if not dist.is_initialized() or dist.get_world_size(group) < 2:
+            return None
+    except Exception:  # a group this process is not in: nothing to agree on
+        return None
+
+    def slowest(seconds: float) -> float:
+        took = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+        return float(took.item())
+
+    return slowest
 
 
 def _relayout(model: nn.Module, rank: int) -> Callable[[bool], None]:

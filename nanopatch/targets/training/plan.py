@@ -339,7 +339,13 @@ class Trial:
     (:func:`spread`, at least ``margin``); the steps go on until one is, up to ``max_rounds``
     timings of each, and where none is, the mode nearest stock's among those the noise cannot
     tell apart is kept (stock's own, then fp32 in channels-last, then bf16 in stock's layout): a
-    script must not compute in bf16 in one run and in fp32 in the next by chance."""
+    script must not compute in bf16 in one run and in fp32 in the next by chance.
+
+    Where the model trains data-parallel, ``agree`` turns this process's time for a step into
+    the slowest rank's (an all-reduce, once a step while the trial lasts): every rank then
+    records the same times and takes the same decisions at the same step, as the steps of a
+    synchronous run go at the slowest rank's pace. Measured apart, two ranks decided bf16 and
+    fp32 in one run."""
 
     warmup: int = 2
     rounds: int = 4
@@ -349,6 +355,7 @@ class Trial:
     clear: float = 0.8
     measures_bf16: bool = True
     relayout: Callable[[bool], None] | None = None
+    agree: Callable[[float], float] | None = None  # this rank's step time -> the slowest rank's
     mode: Mode = (True, True)  # the mode of the iteration running now
     steps: int = 0
     last: float | None = None
@@ -382,8 +389,13 @@ class Trial:
         real = now is None
         now = time.perf_counter() if now is None else now
         if self.last is not None and self.steps > self.warmup:
+            took = now - self.last
+            if self.agree is not None:  # every rank, at every such step: a collective
+                took = self.agree(took)
+                if real:  # the all-reduce's own time is no step's
+                    now = time.perf_counter()
             if self.mode in self.seen:
-                self.times[self.mode].append(now - self.last)
+                self.times[self.mode].append(took)
             self.seen.add(self.mode)
         self.last = now
         self.steps += 1

@@ -1,0 +1,40 @@
+"""A small convolutional training loop for the launcher's test of nanopatch's measured choices
+under ``--nproc``: every rank writes what its training target decided (bf16 against fp32) to
+``<--out>/<RANK>.json``. ``--own-ddp`` wraps the model in DistributedDataParallel itself, as a
+script written for torchrun does."""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nanopatch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--own-ddp", action="store_true")
+args = parser.parse_args()
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+if args.own_ddp:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = nn.parallel.DistributedDataParallel(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+g = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
+x, y = torch.randn(8, 3, 48, 48, generator=g), torch.randint(0, 4, (8,), generator=g)
+for _ in range(args.steps):
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+plans = nanopatch.status()["targets"]["training"]["details"]
+chosen = [{key: plan.get(key) for key in ("bf16", "bf16_measured", "data_parallel")} for plan in plans]
+with open(os.path.join(args.out, f"{os.environ.get('RANK', 'single')}.json"), "w") as f:
+    json.dump(chosen, f)
