@@ -1,11 +1,13 @@
 """A small convolutional training loop for the launcher's test of nanopatch's measured choices
-under ``--nproc``: every rank writes what its training target decided (bf16 against fp32) to
-``<--out>/<RANK>.json``. ``--own-ddp`` wraps the model in DistributedDataParallel itself, as a
-script written for torchrun does."""
+under ``--nproc``: every rank writes what its training target decided (bf16 against fp32,
+channels-last against stock's layout) to ``<--out>/<RANK>.json`` and its final weights to
+``<RANK>.pt``. ``--own-ddp`` wraps the model in DistributedDataParallel itself, as a script
+written for torchrun does."""
 
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -17,10 +19,19 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--own-ddp", action="store_true")
+parser.add_argument("--slower", choices=["channels-last", "stock-layout"], help="make one layout's steps 30 ms slower")
 args = parser.parse_args()
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+if args.slower:
+
+    def slow(module, inputs):
+        channels_last = not inputs[0].is_contiguous()
+        if channels_last == (args.slower == "channels-last"):
+            time.sleep(0.03)
+
+    model[0].register_forward_pre_hook(slow)
 if args.own_ddp:
     import torch.distributed as dist
 
@@ -35,6 +46,13 @@ for _ in range(args.steps):
     loss.backward()
     optimizer.step()
 plans = nanopatch.status()["targets"]["training"]["details"]
-chosen = [{key: plan.get(key) for key in ("bf16", "bf16_measured", "data_parallel")} for plan in plans]
-with open(os.path.join(args.out, f"{os.environ.get('RANK', 'single')}.json"), "w") as f:
+keys = ("bf16", "bf16_measured", "channels_last", "channels_last_measured", "data_parallel", "notes")
+chosen = [{key: plan.get(key) for key in keys} for plan in plans]
+conv = (model.module if args.own_ddp else model)[0].weight
+for plan in chosen:  # the layout the weights and the optimizer's state for them really have
+    state = optimizer.state[conv]["momentum_buffer"]
+    plan["weights_channels_last"] = [not t.is_contiguous() for t in (conv, state)]
+name = os.environ.get("RANK", "single")
+torch.save({k: v.detach().contiguous() for k, v in model.state_dict().items()}, os.path.join(args.out, f"{name}.pt"))
+with open(os.path.join(args.out, f"{name}.json"), "w") as f:
     json.dump(chosen, f)

@@ -11,19 +11,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import nanopatch
 from nanopatch.learning import Recorder
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--conv", action="store_true", help="a small convolutional net on images instead")
 args = parser.parse_args()
 
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 n, width = 128, 32
-X = torch.randn(n, 16, width, generator=g)
-y = (X[:, :, :4].sum((1, 2)) > 0).long()
+X = torch.randn(n, 3, 16, 16, generator=g) if args.conv else torch.randn(n, 16, width, generator=g)
+y = (X[:, :, :4].sum((1, 2)) > 0).long() if not args.conv else (X[:, 0].mean((1, 2)) > 0).long()
 loader = DataLoader(TensorDataset(X, y), batch_size=args.batch, shuffle=False)
 
 
@@ -37,7 +39,17 @@ class Net(nn.Module):
         return self.head(self.encoder(x).mean(1))
 
 
-model = Net()
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+model = ConvNet() if args.conv else Net()
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 model.train()
 with Recorder() as recorder:
@@ -49,4 +61,7 @@ with Recorder() as recorder:
             optimizer.step()
 rank = os.environ.get("RANK", "0")
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump({"steps": [s.as_dict() for s in recorder.steps], "world": os.environ.get("WORLD_SIZE", "1")}, f)
+    plans = nanopatch.status()["targets"].get("training", {}).get("details") or [] if nanopatch.is_patched() else []
+    notes = [note for plan in plans for note in plan.get("notes", [])]
+    world = os.environ.get("WORLD_SIZE", "1")
+    json.dump({"steps": [s.as_dict() for s in recorder.steps], "world": world, "notes": notes}, f)

@@ -297,7 +297,8 @@ def test_a_script_doing_its_own_ddp_is_left_alone(tmp_path):
 def test_every_rank_measures_the_same_and_decides_the_same(tmp_path, own_ddp):
     """bf16 against fp32 is measured on every rank, from the slowest rank's step times: each
     rank records the same figures and keeps the same choice (measured apart, the two ranks of
-    one run kept bf16 on one and fp32 on the other, each with its own figures)."""
+    one run kept bf16 on one and fp32 on the other, each with its own figures). Under
+    nanopatch's own DDP channels-last is measured too, before DDP wraps the model."""
     out = tmp_path / "out"
     out.mkdir()
     script = str(TESTS_DIR / "data" / "dp_trial.py")
@@ -307,6 +308,43 @@ def test_every_rank_measures_the_same_and_decides_the_same(tmp_path, own_ddp):
     measured = ranks[0][0]["bf16_measured"]
     assert measured.startswith(("kept: measured", "off: ")) and "ms per step" in measured
     assert ranks[0] == ranks[1]
+    weights = [load(out / f"{rank}.pt") for rank in (0, 1)]
+    assert_same_weights(weights[0], weights[1], atol=0)
+    layout = ranks[0][0]["channels_last_measured"]
+    chosen = ranks[0][0]["channels_last"] == "channels_last"
+    assert ranks[0][0]["weights_channels_last"] == [chosen, chosen]  # weights and momentum as decided
+    if not own_ddp and "channels-last" in " ".join(ranks[0][0]["notes"]):
+        # nanopatch chose channels-last (AVX2 and up): measured first, its DDP wrapped after
+        assert layout.startswith(("kept: measured", "off: ")), layout
+        notes = ranks[0][0]["notes"]
+        assert notes[-1] == "data-parallel: DistributedDataParallel over 2 processes"
+        assert any(n.startswith("data-parallel over 2 processes: gradients averaged") for n in notes)
+    else:
+        assert layout is None  # a script's own DDP laid its buckets out: not measured
+
+
+@pytest.mark.py_only  # the processes a launch starts and leaves
+@needs_two
+@pytest.mark.parametrize("slower", ["channels-last", "stock-layout"])
+def test_nproc_measures_channels_last_before_its_ddp_wraps_the_model(tmp_path, slower):
+    """Under ``--nproc`` nanopatch's DDP waits for the layout's decision (one layout made 30 ms a
+    step slower here): every rank keeps the faster one, the weights and the optimizer's state
+    in it, DDP wraps the model after, and the ranks end with equal weights."""
+    if not cpu.host_facts().avx2:
+        pytest.skip("channels-last is not nanopatch's choice on this CPU")
+    out = tmp_path / "out"
+    out.mkdir()
+    script = str(TESTS_DIR / "data" / "dp_trial.py")
+    ok(nanopatch(["--nproc", "2", "--no-bf16", script, "--out", str(out), "--slower", slower], cwd=tmp_path))
+    ranks = [json.loads((out / f"{rank}.json").read_text())[0] for rank in (0, 1)]
+    assert ranks[0] == ranks[1]
+    kept = slower == "stock-layout"
+    assert ranks[0]["channels_last_measured"].startswith("kept: " if kept else "off: ")
+    assert ranks[0]["weights_channels_last"] == [kept, kept]
+    assert ranks[0]["data_parallel"]
+    assert ranks[0]["notes"][-1] == "data-parallel: DistributedDataParallel over 2 processes"
+    weights = [load(out / f"{rank}.pt") for rank in (0, 1)]
+    assert_same_weights(weights[0], weights[1], atol=0)
 
 
 @pytest.mark.py_only  # the processes a launch starts and leaves

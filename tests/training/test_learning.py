@@ -438,10 +438,13 @@ def test_a_timm_loop_with_its_optimizer_factory_and_ema_learns_as_stock():
     learns_as_stock(train, min_steps=STEPS)
 
 
-def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
+@pytest.mark.parametrize("conv", [False, True], ids=["transformer", "conv"])
+def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path, conv):
     """``--nproc 2`` (auto_lr off: the same learning rate) against the same script run alone
     with the doubled batch: DDP averages the two halves' gradients, so the steps match; the
-    loss is the mean of the two ranks' halves."""
+    loss is the mean of the two ranks' halves. The convolutional net's channels-last is
+    measured first (where nanopatch chose it), its gradients averaged by nanopatch until then,
+    and DDP wraps it once decided."""
     import json
 
     from nanopatch.foundation import cpu
@@ -454,9 +457,10 @@ def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
     script = str(TESTS_DIR / "data" / "learn_nproc.py")
     stock_out, dp_out = tmp_path / "stock", tmp_path / "dp"
     stock_out.mkdir(), dp_out.mkdir()
-    run_python([script, "--out", str(stock_out), "--batch", "32"], env=child_env(), check=True, timeout=300)
+    extra = ["--conv", "--epochs", "10"] if conv else []
+    run_python([script, "--out", str(stock_out), "--batch", "32", *extra], env=child_env(), check=True, timeout=300)
     run_python(
-        ["-m", "nanopatch", "--nproc", "2", "--no-auto-lr", script, "--out", str(dp_out), "--batch", "16"],
+        ["-m", "nanopatch", "--nproc", "2", "--no-auto-lr", script, "--out", str(dp_out), "--batch", "16", *extra],
         env=child_env(),
         check=True,
         timeout=300,
@@ -468,7 +472,14 @@ def test_nproc_2_learns_as_one_process_with_the_doubled_batch(tmp_path):
     stock = steps(stock_out / "rank0.json")
     ranks = [steps(dp_out / f"rank{r}.json") for r in (0, 1)]
     assert json.loads((dp_out / "rank1.json").read_text())["world"] == "2"
-    assert len(stock) == len(ranks[0]) == len(ranks[1]) == 12
+    assert len(stock) == len(ranks[0]) == len(ranks[1]) == (40 if conv else 12)
+    notes = json.loads((dp_out / "rank0.json").read_text())["notes"]
+    assert "data-parallel: DistributedDataParallel over 2 processes" in notes
+    if conv and any("channels-last" in note for note in notes):  # nanopatch chose it: measured first
+        assert any(note.startswith("channels-last kept: ") or note.startswith("channels-last off: ") for note in notes)
+        assert notes.index("data-parallel: DistributedDataParallel over 2 processes") > max(
+            i for i, note in enumerate(notes) if note.startswith("channels-last ")
+        )
     for rank in ranks:
         verdict = compare(stock, rank, Tolerance(final=1.0, step=1.0))  # the gradients and updates, step by step
         assert verdict.learns, verdict.summary()

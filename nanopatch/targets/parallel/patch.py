@@ -74,6 +74,7 @@ _state = _State()
 _context: engine.Context | None = None  # the target's while it is applied (its options, its journal)
 _local = threading.local()
 _ddps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's model -> DDP wrapper
+_pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's model -> True: DDP to come
 _candidates: weakref.WeakSet = weakref.WeakSet()  # sequential loaders, decided at iteration
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> steps taken
 _saved_lrs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> lrs to restore
@@ -152,6 +153,7 @@ def _detach_all() -> None:
     for ddp in list(_ddps.values()):
         ddp.nanopatch_detached = True
     _ddps.clear()
+    _pending.clear()
 
 
 def _self_managed(why: str) -> None:
@@ -186,6 +188,21 @@ def attach(module: torch.nn.Module, inner: torch.nn.Module, optimizer: Any) -> A
     return ddp
 
 
+def defers(module: torch.nn.Module, inner: torch.nn.Module) -> bool:
+    """Whether :func:`attach` would wrap this model; the training target may put that off
+    (:func:`defer`) while it measures the model's layout: DDP lays its gradient buckets out for
+    the strides the weights have when it wraps them."""
+    return active() and inner is module
+
+
+def defer(module: torch.nn.Module) -> None:
+    """Until :func:`attach` wraps ``module``, its gradients are averaged across processes before
+    each step, one all-reduce a parameter (as any parameter no DDP wrapper covers), and its
+    parameters are broadcast from rank 0 at the first step; said in its plan's notes, not in a
+    log line of its own."""
+    _pending[module] = True
+
+
 def routes(ddp: Any, module: torch.nn.Module) -> bool:
     """Whether this call of the model goes through its DDP wrapper: a training step."""
     return not ddp.nanopatch_detached and module.training and torch.is_grad_enabled()
@@ -215,6 +232,10 @@ def post_forward(ddp: Any, out: Any) -> Any:
 
 def _covered_params() -> set[int]:
     return {id(p) for model in list(_ddps) for p in model.parameters()}
+
+
+def _pending_params() -> set[int]:
+    return {id(p) for model in list(_pending) if model not in _ddps for p in model.parameters()}
 
 
 # --- the data -------------------------------------------------------------------------
@@ -408,7 +429,7 @@ def _average_uncovered(optimizer: Any, first: bool) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in covered]
     if not params:
         return
-    if first:
+    if first and any(id(p) not in _pending_params() for p in params):
         log_once(
             "uncovered",
             "%s: %d parameter(s) outside a model nanopatch wrapped in DistributedDataParallel; "
@@ -417,6 +438,7 @@ def _average_uncovered(optimizer: Any, first: bool) -> None:
             len(params),
             about=optimizer,
         )
+    if first:
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p.data, src=0)

@@ -263,20 +263,39 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     if plan.masks:
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None
-    parallel = data_parallel()
-    plan.ddp = parallel.attach(module, model, optimizer) if parallel is not None else None
-    if plan.ddp is not None:
-        plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
-    layout = plan.layout is not None and layout_measured(cfg, plan)
+    layout = _data_parallel(module, model, optimizer, plan, plan.layout is not None and layout_measured(cfg, plan))
     plan.trial = trial_for(
         model,
         bf16=plan.amp_dtype is not None and measured(cfg) and not plan.ipex,
         layout=_relayout(model, plan.rank) if layout else None,
     )
     if plan.trial is not None:
-        plan.trial.agree = _slowest_rank(plan.ddp if plan.ddp is not None else module)
+        ranks = plan.ddp if plan.ddp is not None else module
+        plan.trial.agree = _slowest_rank(ranks, whole_group=plan.ddp_later is not None)
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
+
+
+def _data_parallel(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, layout: bool) -> bool:
+    """nanopatch's own DDP (``--nproc``) for the model, now, or once its layout is measured
+    (``layout``: whether it is to be); returns whether it is."""
+    parallel = data_parallel()
+    if parallel is None:
+        return layout
+    if layout and parallel.defers(module, model):
+        # it waits for the layout's decision: DDP lays its gradient buckets out for the strides
+        # the weights have when it wraps them
+        parallel.defer(model)
+        plan.ddp_later = (weakref.ref(model), weakref.ref(optimizer))
+        plan.notes.append(
+            f"data-parallel over {parallel.world_size()} processes: gradients averaged before each step "
+            "until channels-last is measured, then DistributedDataParallel"
+        )
+        return True
+    plan.ddp = parallel.attach(module, model, optimizer)
+    if plan.ddp is not None:
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
+    return layout and plan.ddp is None
 
 
 def measured(cfg: Any) -> bool:
@@ -291,23 +310,26 @@ def layout_measured(cfg: Any, plan: Plan) -> bool:
     """Whether channels-last is measured against stock's layout on a model's first steps (after
     the bf16 trial): where nanopatch chose it itself (``channels_last=True`` is honoured as
     asked) and gave the model its channels-last weights; not under ``compile=`` (new strides
-    would recompile the graph; ``compile="auto"`` measures eagerly first), nor data-parallel
-    (DDP laid its gradient buckets out for the strides the weights had when it wrapped them)."""
+    would recompile the graph; ``compile="auto"`` measures eagerly first), nor in a DDP wrapper
+    already (it laid its gradient buckets out for the strides the weights had when it wrapped
+    them; nanopatch's own DDP under ``--nproc`` waits for the decision instead)."""
     compiles = cfg.compile and cfg.compile != config_mod.COMPILE_AUTO
     return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
 
 
-def _slowest_rank(module: Any) -> Callable[[float], float] | None:
+def _slowest_rank(module: Any, whole_group: bool = False) -> Callable[[float], float] | None:
     """For a model trained through ``DistributedDataParallel`` (nanopatch's own under
     ``--nproc``, the script's, Lightning's) over two processes or more: a step time -> the
     slowest of its ranks' (an all-reduce over the wrapper's group), so that the trial decides
     the same on every rank. DDP's own all-reduces in every backward keep the ranks' steps in
-    lock-step, so every rank calls it at the same steps. None for any other model."""
-    if not isinstance(module, nn.parallel.DistributedDataParallel):
+    lock-step, so every rank calls it at the same steps. ``whole_group``: a model whose
+    gradients nanopatch averages over the default group itself until its DDP wraps it. None for
+    any other model."""
+    if not whole_group and not isinstance(module, nn.parallel.DistributedDataParallel):
         return None
     import torch.distributed as dist
 
-    group = getattr(module, "process_group", None)
+    group = None if whole_group else getattr(module, "process_group", None)
     try:
         if not dist.is_initialized() or dist.get_world_size(group) < 2:
             return None
@@ -396,6 +418,7 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.compiled = None
     plan.compile_trial = None
     plan.ddp = None
+    plan.ddp_later = None
     plan.frozen = None  # the bf16 copies of its frozen weights go with it
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
         if plan.layout is not None:
@@ -692,10 +715,26 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
                 for plan in (ref() for ref in watch.plans):
                     if plan is not None and plan.trial is not None:
                         plan.trial.on_step(plan)
+                        if plan.trial is None and plan.ddp_later is not None:
+                            _wrap_now(plan)
                     elif plan is not None and plan.compile_trial is not None:
                         plan.compile_trial.on_step(plan)  # after the bf16 trial: it measures eager steps
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
+
+
+def _wrap_now(plan: Plan) -> None:
+    """The trial decided the layout: nanopatch's DDP wraps the model now, its buckets laid out
+    for the weights' strides (every rank decides at the same step: a collective)."""
+    model, optimizer = (ref() for ref in plan.ddp_later)
+    plan.ddp_later = None
+    parallel = data_parallel()
+    if model is None or optimizer is None or parallel is None:
+        return
+    with busy():  # the weights stay in the layout chosen (ddp_init would give them channels-last)
+        plan.ddp = parallel.attach(model, model, optimizer)
+    if plan.ddp is not None:
+        plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
 
 
 def _conclude(optimizer: Any) -> None:

@@ -143,6 +143,7 @@ class Plan:
     previous_forward: Any = engine.NOTSET
     setup: list[Any] = dataclasses.field(default_factory=list)  # optimizers paired, set up outside the lock
     ddp: Any = None  # the DistributedDataParallel wrapper its training steps go through
+    ddp_later: Any = None  # (model, optimizer) weakrefs: nanopatch's DDP wraps it once its layout is decided
     layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
     reprobe: bool = False  # probe the next training call (what it computes in changed)
     frozen: Any = None  # bf16 copies of its frozen fp32 parameters (frozen.Copies), made once
@@ -159,7 +160,7 @@ class Plan:
             "channels_last_measured": self._layout_state(),
             "ipex": self.ipex,
             "compile": self.compile_mode,
-            "data_parallel": self.ddp is not None,
+            "data_parallel": self.ddp is not None or self.ddp_later is not None,
             "fp32_heads": len(self.heads),
             "gelu_kernel": len(self.gelus),
             "loss_on_bf16_logits": self.seen.logit_loss,
@@ -272,7 +273,7 @@ class Plan:
         if self.frozen is not None and self.frozen.on and self.frozen.count():
             parts.append(f"{self.frozen.count()} frozen weights cast once")
         parts.extend(note for note in self.notes if note.endswith(" step"))
-        if self.ddp is not None:
+        if self.ddp is not None or self.ddp_later is not None:  # the latter: gradients averaged until DDP
             parts.append("data-parallel")
         calls = f"{self.seen.training_calls} training call{'s' if self.seen.training_calls != 1 else ''}"
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
