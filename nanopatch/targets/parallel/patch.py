@@ -429,7 +429,7 @@ def _average_uncovered(optimizer: Any, first: bool) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in covered]
     if not params:
         return
-    if first and any(id(p) not in _pending_params() for p in params):
+    if first and not {id(p) for p in params} <= _pending_params():
         log_once(
             "uncovered",
             "%s: %d parameter(s) outside a model nanopatch wrapped in DistributedDataParallel; "

@@ -292,10 +292,17 @@ def _data_parallel(module: nn.Module, model: nn.Module, optimizer: Any, plan: Pl
             "until channels-last is measured, then DistributedDataParallel"
         )
         return True
-    plan.ddp = parallel.attach(module, model, optimizer)
+    _attach(plan, parallel, module, model, optimizer)
+    return layout and plan.ddp is None
+
+
+def _attach(plan: Plan, parallel: Any, module: nn.Module, model: nn.Module, optimizer: Any) -> None:
+    """nanopatch's DDP wraps the model, as nanopatch's own doing (its ``DistributedDataParallel``
+    hook must not give the weights channels-last again: their layout is decided already)."""
+    with busy():
+        plan.ddp = parallel.attach(module, model, optimizer)
     if plan.ddp is not None:
         plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
-    return layout and plan.ddp is None
 
 
 def measured(cfg: Any) -> bool:
@@ -731,10 +738,7 @@ def _wrap_now(plan: Plan) -> None:
     parallel = data_parallel()
     if model is None or optimizer is None or parallel is None:
         return
-    with busy():  # the weights stay in the layout chosen (ddp_init would give them channels-last)
-        plan.ddp = parallel.attach(model, model, optimizer)
-    if plan.ddp is not None:
-        plan.notes.append(f"data-parallel: DistributedDataParallel over {parallel.world_size()} processes")
+    _attach(plan, parallel, model, model, optimizer)
 
 
 def _conclude(optimizer: Any) -> None:

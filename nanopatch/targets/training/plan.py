@@ -150,6 +150,12 @@ class Plan:
     # seen
     seen: Seen = dataclasses.field(default_factory=Seen)
 
+    @property
+    def data_parallel(self) -> bool:
+        """Whether it trains data-parallel: through its DDP wrapper, or, until nanopatch's DDP
+        wraps it (``ddp_later``), with its gradients averaged before each step."""
+        return self.ddp is not None or self.ddp_later is not None
+
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.name,
@@ -160,7 +166,7 @@ class Plan:
             "channels_last_measured": self._layout_state(),
             "ipex": self.ipex,
             "compile": self.compile_mode,
-            "data_parallel": self.ddp is not None or self.ddp_later is not None,
+            "data_parallel": self.data_parallel,
             "fp32_heads": len(self.heads),
             "gelu_kernel": len(self.gelus),
             "loss_on_bf16_logits": self.seen.logit_loss,
@@ -273,7 +279,7 @@ class Plan:
         if self.frozen is not None and self.frozen.on and self.frozen.count():
             parts.append(f"{self.frozen.count()} frozen weights cast once")
         parts.extend(note for note in self.notes if note.endswith(" step"))
-        if self.ddp is not None or self.ddp_later is not None:  # the latter: gradients averaged until DDP
+        if self.data_parallel:
             parts.append("data-parallel")
         calls = f"{self.seen.training_calls} training call{'s' if self.seen.training_calls != 1 else ''}"
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
