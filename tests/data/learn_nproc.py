@@ -19,14 +19,24 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--conv", action="store_true", help="a small convolutional net on images instead")
+parser.add_argument("--own-ddp", action="store_true", help="its own process group, sampler and DDP (torchrun-style)")
 args = parser.parse_args()
+ddp = args.own_ddp and int(os.environ.get("WORLD_SIZE", "1")) > 1
+if ddp:
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler
+
+    dist.init_process_group("gloo")
 
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 n, width = 128, 32
 X = torch.randn(n, 3, 16, 16, generator=g) if args.conv else torch.randn(n, 16, width, generator=g)
 y = (X[:, :, :4].sum((1, 2)) > 0).long() if not args.conv else (X[:, 0].mean((1, 2)) > 0).long()
-loader = DataLoader(TensorDataset(X, y), batch_size=args.batch, shuffle=False)
+data = TensorDataset(X, y)
+# a rank's batch k holds every other sample of the one-process batch k (of twice its size)
+sampler = DistributedSampler(data, shuffle=False) if ddp else None
+loader = DataLoader(data, batch_size=args.batch, shuffle=False, sampler=sampler)
 
 
 class Net(nn.Module):
@@ -50,13 +60,14 @@ class ConvNet(nn.Module):
 
 
 model = ConvNet() if args.conv else Net()
-optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-model.train()
+trained = nn.parallel.DistributedDataParallel(model) if ddp else model
+optimizer = torch.optim.AdamW(trained.parameters(), lr=3e-3)
+trained.train()
 with Recorder() as recorder:
     for _ in range(args.epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(trained(xb), yb)
             loss.backward()
             optimizer.step()
 rank = os.environ.get("RANK", "0")

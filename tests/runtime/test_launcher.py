@@ -298,7 +298,8 @@ def test_every_rank_measures_the_same_and_decides_the_same(tmp_path, own_ddp):
     """bf16 against fp32 is measured on every rank, from the slowest rank's step times: each
     rank records the same figures and keeps the same choice (measured apart, the two ranks of
     one run kept bf16 on one and fp32 on the other, each with its own figures). Under
-    nanopatch's own DDP channels-last is measured too, before DDP wraps the model."""
+    nanopatch's own DDP channels-last is measured too, before DDP wraps the model; in the
+    script's own, inside it (its gradient buckets laid out again at each switch)."""
     out = tmp_path / "out"
     out.mkdir()
     script = str(TESTS_DIR / "data" / "dp_trial.py")
@@ -313,36 +314,44 @@ def test_every_rank_measures_the_same_and_decides_the_same(tmp_path, own_ddp):
     layout = ranks[0][0]["channels_last_measured"]
     chosen = ranks[0][0]["channels_last"] == "channels_last"
     assert ranks[0][0]["weights_channels_last"] == [chosen, chosen]  # weights and momentum as decided
-    if not own_ddp and "channels-last" in " ".join(ranks[0][0]["notes"]):
+    if "channels-last" in " ".join(ranks[0][0]["notes"]):
         # nanopatch chose channels-last (AVX2 and up): measured first, its DDP wrapped after
         assert layout.startswith(("kept: measured", "off: ")), layout
         notes = ranks[0][0]["notes"]
-        assert notes[-1] == "data-parallel: DistributedDataParallel over 2 processes"
-        assert any(n.startswith("data-parallel over 2 processes: gradients averaged") for n in notes)
+        if not own_ddp:
+            assert notes[-1] == "data-parallel: DistributedDataParallel over 2 processes"
+            assert any(n.startswith("data-parallel over 2 processes: gradients averaged") for n in notes)
     else:
-        assert layout is None  # a script's own DDP laid its buckets out: not measured
+        assert layout is None
 
 
 @pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
+@pytest.mark.parametrize("own_ddp", [False, True], ids=["nanopatchs-ddp", "the-scripts-ddp"])
 @pytest.mark.parametrize("slower", ["channels-last", "stock-layout"])
-def test_nproc_measures_channels_last_before_its_ddp_wraps_the_model(tmp_path, slower):
-    """Under ``--nproc`` nanopatch's DDP waits for the layout's decision (one layout made 30 ms a
-    step slower here): every rank keeps the faster one, the weights and the optimizer's state
-    in it, DDP wraps the model after, and the ranks end with equal weights."""
+def test_nproc_measures_channels_last_in_data_parallel_training(tmp_path, slower, own_ddp):
+    """Under ``--nproc`` the layout is measured (one layout made 30 ms a step slower here):
+    nanopatch's DDP waits for the decision and wraps the model after; a script's own DDP has
+    its gradient buckets laid out again at each switch (torch warns, "Grad strides do not match
+    bucket view strides", and misplaces the averaged gradients' elements: made an error here). Every
+    rank keeps the faster layout, the weights and the optimizer's state in it, and the ranks
+    end with equal weights."""
     if not cpu.host_facts().avx2:
         pytest.skip("channels-last is not nanopatch's choice on this CPU")
     out = tmp_path / "out"
     out.mkdir()
     script = str(TESTS_DIR / "data" / "dp_trial.py")
-    ok(nanopatch(["--nproc", "2", "--no-bf16", script, "--out", str(out), "--slower", slower], cwd=tmp_path))
+    args = ["--nproc", "2", "--no-bf16", script, "--out", str(out), "--slower", slower]
+    warnings = "error:Grad strides do not match bucket view strides:UserWarning"
+    ok(nanopatch(args + (["--own-ddp"] if own_ddp else []), cwd=tmp_path, PYTHONWARNINGS=warnings))
     ranks = [json.loads((out / f"{rank}.json").read_text())[0] for rank in (0, 1)]
     assert ranks[0] == ranks[1]
     kept = slower == "stock-layout"
     assert ranks[0]["channels_last_measured"].startswith("kept: " if kept else "off: ")
     assert ranks[0]["weights_channels_last"] == [kept, kept]
-    assert ranks[0]["data_parallel"]
-    assert ranks[0]["notes"][-1] == "data-parallel: DistributedDataParallel over 2 processes"
+    assert ranks[0]["data_parallel"] is not own_ddp
+    if not own_ddp:
+        assert ranks[0]["notes"][-1] == "data-parallel: DistributedDataParallel over 2 processes"
     weights = [load(out / f"{rank}.pt") for rank in (0, 1)]
     assert_same_weights(weights[0], weights[1], atol=0)
 

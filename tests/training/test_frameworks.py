@@ -418,20 +418,27 @@ def test_lightning_ddp_over_the_processes_of_nproc(tmp_path):
 
 
 @pytest.mark.skipif(not cpu.host_facts().native_bf16, reason="bf16 is not nanopatch's choice here: nothing to measure")
-def test_lightning_ddp_ranks_measure_bf16_in_lock_step(tmp_path):
-    """bf16 chosen by nanopatch (not asked for) is measured against fp32 on each rank of
-    Lightning's DDP from the slowest rank's step times: every rank runs the same mode at every
-    step and keeps the same one (measured apart, two ranks could keep different ones)."""
+def test_lightning_ddp_ranks_measure_bf16_and_channels_last_in_lock_step(tmp_path):
+    """bf16 and channels-last chosen by nanopatch (not asked for) are measured against fp32 and
+    stock's layout on each rank of Lightning's DDP from the slowest rank's step times: every
+    rank runs the same mode at every step and keeps the same one (measured apart, two ranks
+    could keep different ones). The layout is switched inside Lightning's DDP wrapper, whose
+    gradient buckets are laid out again at each switch: no stride warning, equal weights."""
     framework("lightning.pytorch")
     out, root = tmp_path / "out", tmp_path / "root"
-    args = ["--nproc", "2", "--channels-last", "--no-ipex", str(DDP_SCRIPT), "--out", str(out), "--root", str(root)]
-    # 40 steps a rank: the longest trial (2 warm-up steps, fp32's set-up step, 8 timings of each
-    # mode: 19 steps) ends well before the last 8
-    run_nanopatch([*args, "--samples", "160", "--batch", "2"], tmp_path)
-    dtypes = [[p["dtype"] for p in json.loads((out / f"rank{r}.json").read_text())["probe"]] for r in (0, 1)]
-    assert len(dtypes[0]) == 40 and "torch.float32" in dtypes[0][:20]  # fp32 was measured
-    assert dtypes[0] == dtypes[1]
-    assert len(set(dtypes[0][-8:])) == 1  # decided
+    args = ["--nproc", "2", "--no-ipex", str(DDP_SCRIPT), "--out", str(out), "--root", str(root)]
+    # 60 steps a rank: the longest trial (2 warm-up steps, 3 set-up steps, 8 timings of each
+    # of 4 modes: 37 steps) ends well before the last 8
+    proc = run_nanopatch([*args, "--samples", "240", "--batch", "2"], tmp_path)
+    probes = [json.loads((out / f"rank{r}.json").read_text())["probe"] for r in (0, 1)]
+    assert len(probes[0]) == 60 and probes[0] == probes[1]  # the same mode at every step
+    assert "torch.float32" in [p["dtype"] for p in probes[0][:40]]  # fp32 was measured
+    assert {p["channels_last"] for p in probes[0][:40]} == {True, False}  # so were both layouts
+    assert len({(p["dtype"], p["channels_last"]) for p in probes[0][-8:]}) == 1  # decided
+    first, second = (torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    assert "strides do not match bucket view strides" not in proc.stderr
 
 
 # --- Hugging Face Trainer and accelerate ------------------------------------------------------

@@ -121,6 +121,36 @@ def test_a_layout_only_trial_keeps_the_dtype_it_has():
     assert plan.layout_measured.startswith("off: measured slower")
 
 
+def test_a_layout_that_cannot_be_switched_stays_and_bf16_is_measured_alone():
+    """A switch that fails (a DDP wrapper whose gradient buckets could not be laid out again
+    raises after putting the weights back): the trial tries no other layout, keeps the one the
+    weights have, measures bf16 in it, and says why the layout was not measured. ``between``
+    runs after every step that switched no layout (a DDP wrapper records its gradients' order)."""
+    tried, between = [], []
+
+    def relayout(on):
+        tried.append(on)
+        raise RuntimeError("DistributedDataParallel did not lay its gradient buckets out again")
+
+    plan = Plan(name="M", amp_dtype=torch.bfloat16, rank=4)
+    plan.trial = trial = Trial(relayout=relayout, between=lambda: between.append(trial.steps))
+    ms, now, modes = {(True, True): 10.0, (False, True): 12.0}, 0.0, []
+    while plan.trial is not None:
+        modes.append(trial.mode)
+        now += ms[trial.mode] / 1e3
+        trial.on_step(plan, now)
+        assert len(modes) < 100
+    assert tried == [False] and all(mode[1] for mode in modes)  # one try; channels-last throughout
+    assert plan.rank == 4 and plan.amp_dtype is torch.bfloat16
+    assert plan.bf16_measured.startswith("kept: measured bf16 10.0 ms, fp32 12.0 ms per step")
+    assert plan.layout_measured == (
+        "not measured: switching the layout failed "
+        "(RuntimeError: DistributedDataParallel did not lay its gradient buckets out again)"
+    )
+    assert f"channels-last {plan.layout_measured}" in plan.notes
+    assert len(between) == len(modes) - 2  # all but the failed switch's step and the deciding one
+
+
 class ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()

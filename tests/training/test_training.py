@@ -242,6 +242,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def assert_ddp_steps_as_stock(ddp, model):
+    """A step through ``ddp`` (one process) gives ``model`` the gradients a copy of it gets on
+    its own, with no stride mismatch warning (where the weights' strides differ from DDP's
+    buckets, torch misplaces the averaged gradients' elements)."""
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for net in (ddp, reference):
+            net.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+    for mine, stock in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, stock.grad)
+
+
 def test_model_wrapped_in_distributed_data_parallel():
     import torch.distributed as dist
 
@@ -261,7 +276,29 @@ def test_model_wrapped_in_distributed_data_parallel():
             # made channels-last before DDP laid its buckets out: no stride mismatch warning
             assert described["model"] == "DistributedDataParallel" and described["channels_last"] == "channels_last"
             assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
-        assert model[0].weight.is_contiguous()  # undone
+        assert model[0].weight.is_contiguous()  # undone, and DDP's buckets laid out again for it:
+        assert_ddp_steps_as_stock(ddp, model)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_ddp_that_cannot_lay_its_buckets_out_again_keeps_its_channels_last_weights(caplog):
+    """DDP with ``find_unused_parameters=True`` never rebuilds its gradient buckets: at unpatch
+    the weights it wrapped channels-last stay so (said in a warning), and its steps after are
+    right (with the weights back to stock's strides torch would misplace the averaged gradients' elements)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+            model = small_cnn()
+            ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            ddp.train()
+            train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+        assert model[0].weight.is_contiguous(memory_format=torch.channels_last) and not model[0].weight.is_contiguous()
+        assert any("keeps its channels-last weights" in r.getMessage() for r in caplog.records)
+        assert_ddp_steps_as_stock(ddp, model)
     finally:
         dist.destroy_process_group()
 

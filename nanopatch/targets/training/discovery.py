@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import weakref
@@ -247,6 +248,9 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         if rank is not None:
             if not _already(model, rank):  # the user's own channels-last weights stay theirs
                 plan.layout = mf.convert_model(model, rank, _holding)
+            elif ddp and model in search.converted and mf.buckets_follow(module):
+                # nanopatch's, given just before the wrap: measured as its own, the buckets following
+                plan.layout = search.converted.pop(model)
             plan.rank = rank
     if cfg.ipex and not plan.ipex:
         _try_ipex(module, model, optimizer, plan, bf16)
@@ -264,11 +268,14 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         plan.masks = selfcheck.fast_dropout_ok(plan.amp_dtype)
     plan.stock = None
     layout = _data_parallel(module, model, optimizer, plan, plan.layout is not None and layout_measured(cfg, plan))
+    wrapper = module if isinstance(module, nn.parallel.DistributedDataParallel) else None
     plan.trial = trial_for(
         model,
         bf16=plan.amp_dtype is not None and measured(cfg) and not plan.ipex,
-        layout=_relayout(model, plan.rank) if layout else None,
+        layout=_relayout(model, plan.rank, wrapper) if layout else None,
     )
+    if plan.trial is not None and plan.trial.relayout is not None and wrapper is not None:
+        plan.trial.between = functools.partial(mf.record_order, wrapper)
     if plan.trial is not None:
         ranks = plan.ddp if plan.ddp is not None else module
         plan.trial.agree = _slowest_rank(ranks, whole_group=plan.ddp_later is not None)
@@ -317,9 +324,9 @@ def layout_measured(cfg: Any, plan: Plan) -> bool:
     """Whether channels-last is measured against stock's layout on a model's first steps (after
     the bf16 trial): where nanopatch chose it itself (``channels_last=True`` is honoured as
     asked) and gave the model its channels-last weights; not under ``compile=`` (new strides
-    would recompile the graph; ``compile="auto"`` measures eagerly first), nor in a DDP wrapper
-    already (it laid its gradient buckets out for the strides the weights had when it wrapped
-    them; nanopatch's own DDP under ``--nproc`` waits for the decision instead)."""
+    would recompile the graph; ``compile="auto"`` measures eagerly first), nor once nanopatch's
+    own DDP (``--nproc``) wraps it (that waits for the decision instead). In a script's or
+    Lightning's DDP wrapper the trial lays its gradient buckets out again at each switch."""
     compiles = cfg.compile and cfg.compile != config_mod.COMPILE_AUTO
     return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
 
@@ -351,15 +358,27 @@ def _slowest_rank(module: Any, whole_group: bool = False) -> Callable[[float], f
     return slowest
 
 
-def _relayout(model: nn.Module, rank: int) -> Callable[[bool], None]:
+def _relayout(model: nn.Module, rank: int, wrapper: Any = None) -> Callable[[bool], None]:
     """The trial's switch between channels-last and stock's layout for ``model``: its weights,
-    their gradients and the state of every optimizer holding them (nothing once it is gone)."""
+    their gradients and the state of every optimizer holding them (nothing once it is gone),
+    and the gradient buckets of the ``DistributedDataParallel`` (``wrapper``) it trains in
+    (:func:`.memory_format.rebucket`; where they cannot follow, the weights go back and it
+    raises: the trial measures no more layouts)."""
     ref = weakref.ref(model)
+    wrapped = weakref.ref(wrapper) if wrapper is not None else None
 
     def switch(on: bool) -> None:
         model = ref()
-        if model is not None:
-            mf.relayout(model, rank, on, _holding(model))
+        if model is None:
+            return
+        mf.relayout(model, rank, on, _holding(model))
+        ddp = wrapped() if wrapped is not None else None
+        if ddp is not None:
+            try:
+                mf.rebucket(ddp)
+            except Exception:
+                mf.relayout(model, rank, not on, _holding(model))  # the strides its buckets have
+                raise
 
     return switch
 
@@ -470,8 +489,10 @@ def optimizer_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
 def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``DistributedDataParallel.__init__``: a model about to be wrapped for training gets
     channels-last first, because DDP lays its gradient buckets out for the strides the
-    parameters have now (changing them later costs a copy per bucket and step, and DDP
-    warns about it in every process)."""
+    parameters have now (where they change later, DDP warns in every process and hands the
+    averaged gradients back with their elements in the wrong places: whatever re-lays the
+    weights out, the trial or the unpatch, lays the buckets out again,
+    :func:`.memory_format.rebucket`)."""
     module = args[0] if args else kwargs.get("module")
     cfg = config()
     if cfg is not None and cfg.channels_last and not tls("busy", 0) and isinstance(module, nn.Module):
@@ -480,7 +501,7 @@ def ddp_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
                 rank = mf.channels_last_rank(module)
                 trains = any(p.requires_grad for p in module.parameters())
                 if rank is not None and trains and not _already(module, rank) and not _is_ipex(module):
-                    search.converted[module] = mf.convert_model(module, rank, _holding)
+                    search.converted[module] = mf.convert_model(module, rank, _holding, instance)
                     logger.info("%s: channels-last before DistributedDataParallel wraps it", _name(module))
         except Exception:
             logger.exception("nanopatch could not make %s channels-last; it keeps its layout", _name(module))

@@ -14,6 +14,7 @@ with :func:`relayout`, and keeps it only where it was faster.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 
 from .plan import context
+
+logger = logging.getLogger("nanopatch")
 
 _CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
 _CONV3D = (nn.Conv3d, nn.ConvTranspose3d)
@@ -42,18 +45,39 @@ def memory_format(rank: int) -> torch.memory_format:
     return torch.channels_last if rank == 4 else torch.channels_last_3d
 
 
-def convert_model(model: nn.Module, rank: int, optimizers: Callable[[nn.Module], list[Any]]) -> Any:
+def convert_model(
+    model: nn.Module, rank: int, optimizers: Callable[[nn.Module], list[Any]], wrapper: Any = None
+) -> Any:
     """Make the model's weights channels-last, and the state ``optimizers(model)`` hold for them
     (see :func:`relayout`); the change is an entry of the patch engine's journal (undone at
     unpatch, or by ``Context.discard`` of what this returns: both back to contiguous strides),
-    forgotten if the model is dropped (the entry holds no reference to it)."""
+    forgotten if the model is dropped (the entry holds no reference to it). ``wrapper``: the
+    ``DistributedDataParallel`` about to wrap the model, whose gradient buckets the undo lays
+    out again (:func:`rebucket`; a collective, as every rank unpatches at the same point); one
+    whose buckets cannot follow keeps its weights channels-last, and says so."""
     relayout(model, rank, True, optimizers(model))
     ref = weakref.ref(model)
+    wrapped = weakref.ref(wrapper) if wrapper is not None else None
 
     def undo() -> None:
         alive = ref()
-        if alive is not None:
+        ddp = wrapped() if wrapped is not None else None
+        if alive is None:
+            return
+        if ddp is not None and getattr(ddp, "reducer", None) is not None:
+            if not buckets_follow(ddp):
+                logger.warning(
+                    "%s keeps its channels-last weights: %s laid its gradient buckets out for them and cannot "
+                    "lay them out again (find_unused_parameters=True), and torch misplaces the averaged gradients' "
+                    "elements where their strides differ",
+                    type(alive).__name__,
+                    type(ddp).__name__,
+                )
+                return
             relayout(alive, rank, False, optimizers(alive))
+            _rebucket_if_grouped(ddp)
+            return
+        relayout(alive, rank, False, optimizers(alive))
 
     return context().on_undo(undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
 
@@ -113,3 +137,57 @@ def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:
                     and value.stride() != param.stride()
                 ):
                     state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+
+
+# --- DistributedDataParallel's gradient buckets ---------------------------------------------
+#
+# DDP lays its gradient buckets out for the strides its parameters have when it wraps them.
+# Where they change later, torch warns ("Grad strides do not match bucket view strides ... not
+# an error") and hands the averaged gradients back with their elements in the wrong places
+# (torch 2.8, 2.13 and 2.15: a channels-last weight under a DDP built on contiguous ones got
+# the average's contiguous memory read with channels-last strides). So whatever re-lays a
+# wrapped model's weights out lays the wrapper's buckets out again at once.
+
+
+def buckets_follow(ddp: Any) -> bool:
+    """Whether ``ddp``'s (a ``DistributedDataParallel``) gradient buckets can be laid out again
+    for new strides: its reducer rebuilds them (torch does once, after the first backward) only
+    where it is not looking for unused parameters, or knows the graph is static."""
+    reducer = getattr(ddp, "reducer", None)
+    needed = ("_rebuild_buckets", "_reset_state", "_push_all_rebuilt_params")
+    if reducer is None or not all(hasattr(reducer, name) for name in needed):
+        return False
+    return bool(getattr(ddp, "static_graph", False)) or not getattr(ddp, "find_unused_parameters", True)
+
+
+def record_order(ddp: Any) -> None:
+    """The next backward through ``ddp`` records the order its gradients come in (the reducer's
+    own record for its rebuild), for :func:`rebucket`'s buckets to follow it. Between steps only."""
+    ddp.reducer._reset_state()
+
+
+def rebucket(ddp: Any) -> None:
+    """Lay ``ddp``'s gradient buckets out again for its parameters' strides now (a collective:
+    every rank at the same step), in the order the last backward's gradients came in where
+    :func:`record_order` had it recorded, else in the parameters' order; the next backward
+    records the order again and DDP's forward after it re-buckets in that order, as DDP does
+    after its first backward."""
+    reducer = ddp.reducer
+    if not reducer._rebuild_buckets():
+        reducer._reset_state()
+        reducer._push_all_rebuilt_params()
+        if not reducer._rebuild_buckets():
+            raise RuntimeError(f"{type(ddp).__name__} did not lay its gradient buckets out again")
+    reducer._reset_state()
+
+
+def _rebucket_if_grouped(ddp: Any) -> None:
+    """:func:`rebucket` at unpatch, where the wrapper's process group is still there to agree
+    on the buckets (after ``destroy_process_group`` nothing trains through it any more)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            rebucket(ddp)
+        except Exception:
+            logger.warning("%s could not lay its gradient buckets out again", type(ddp).__name__, exc_info=True)

@@ -352,7 +352,10 @@ class Trial:
     the slowest rank's (an all-reduce, once a step while the trial lasts): every rank then
     records the same times and takes the same decisions at the same step, as the steps of a
     synchronous run go at the slowest rank's pace. Measured apart, two ranks decided bf16 and
-    fp32 in one run."""
+    fp32 in one run. ``between`` runs after each step that switches no layout (a DDP wrapper of
+    the script's records its gradients' order there, for its buckets to follow the next
+    switch); a switch that fails (``relayout`` raises, having put the weights back) ends the
+    layout's measuring: the weights keep the layout they have, and bf16 is measured in it."""
 
     warmup: int = 2
     rounds: int = 4
@@ -363,6 +366,8 @@ class Trial:
     measures_bf16: bool = True
     relayout: Callable[[bool], None] | None = None
     agree: Callable[[float], float] | None = None  # this rank's step time -> the slowest rank's
+    between: Callable[[], None] | None = None  # after each step that switches no layout, while it lasts
+    relayout_failed: str | None = None  # why the layout could not be switched (no more layouts measured)
     mode: Mode = (True, True)  # the mode of the iteration running now
     steps: int = 0
     last: float | None = None
@@ -413,12 +418,14 @@ class Trial:
             self.out.update(m for m in self._active() if fastest[best] < fastest[m] * self.clear)
         if len(self._active()) == 1 or (counted >= self.rounds and self._settled(counted)):
             self._decide(plan)
-        elif self.steps > self.warmup:
-            mode = self._next()
-            if mode != self.mode:
-                self._switch(mode)
-                if real:  # the next step's time starts once the switch is done
-                    self.last = time.perf_counter()
+            return
+        mode = self._next() if self.steps > self.warmup else self.mode
+        if mode[1] == self.mode[1] and self.between is not None:
+            self.between()
+        if mode != self.mode:
+            self._switch(mode)
+            if real:  # the next step's time starts once the switch is done
+                self.last = time.perf_counter()
 
     def _next(self) -> Mode:
         """A mode not yet set up runs again (its counted step); else the next one, in order
@@ -432,8 +439,14 @@ class Trial:
         return next(mode for mode in ordered if mode in active and len(self.times[mode]) == fewest)
 
     def _switch(self, mode: Mode) -> None:
-        if mode[1] != self.mode[1] and self.relayout is not None:
-            self.relayout(mode[1])
+        if mode[1] != self.mode[1] and self.relayout is not None and self.relayout_failed is None:
+            try:
+                self.relayout(mode[1])
+            except Exception as exc:  # the weights stay as they are: the other layout is out
+                self.relayout_failed = f"{type(exc).__name__}: {exc}"
+                logger.warning("channels-last not measured further: switching the layout failed (%s)", exc)
+                self.out.update(m for m in self.modes if m[1] == mode[1])
+                mode = (mode[0], self.mode[1])
         self.mode = mode
 
     def _active(self) -> list[Mode]:
@@ -472,7 +485,12 @@ class Trial:
             plan.bf16_measured, note = _measured(chosen[0], bf16, fp32, ("bf16", "fp32"), counts, noise)
             plan.notes.append(f"bf16 autocast {note}")
             logger.info("%s: %s", plan.name, plan.notes[-1])
-        if self.relayout is not None:
+        if self.relayout is not None and self.relayout_failed is not None:
+            if not chosen[1]:
+                plan.layout_off()
+            plan.layout_measured = f"not measured: switching the layout failed ({self.relayout_failed})"
+            plan.notes.append(f"channels-last {plan.layout_measured}")
+        elif self.relayout is not None:
             cl, plain = fastest[(chosen[0], True)], fastest[(chosen[0], False)]
             if chosen[1] != self.mode[1]:
                 self._switch((self.mode[0], chosen[1]))
