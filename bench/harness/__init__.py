@@ -33,7 +33,7 @@ from .machine import (
     mem_total_gib,
     source_digest,
 )
-from .probe import Probe, dtype_name, inside
+from .probe import Probe, dtype_name, inside, measuring
 from .processes import (
     _PR_SET_CHILD_SUBREAPER,
     LoadMeter,
@@ -93,6 +93,7 @@ __all__ = [
     "machine_busy_s",
     "machine_facts",
     "mapped_library",
+    "measuring",
     "mem_total_gib",
     "one_line",
     "parse_names",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from typing import Any
 
@@ -84,3 +85,16 @@ def inside(probe: dict[str, Any]) -> str:
     if probe["channels_last"] == 0:
         return f"{text} / contiguous"
     return f"{text} / channels-last {probe['channels_last']} of {probe['inputs_4d']}"
+
+
+def measuring() -> bool:
+    """Whether nanopatch is still measuring bf16 against fp32 or channels-last against stock's
+    layout for a model (``status()``'s ``bf16_measured``, ``channels_last_measured``): the steps
+    of that measurement are warm-up, not steady steps."""
+    if "nanopatch" not in sys.modules:
+        return False
+    import nanopatch
+
+    models = nanopatch.status()["targets"].get("training", {}).get("details") or []
+    keys = ("bf16_measured", "channels_last_measured")
+    return any(isinstance(m, dict) and "measuring" in (m.get(key) for key in keys) for m in models)

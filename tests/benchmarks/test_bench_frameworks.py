@@ -326,6 +326,8 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
             extra["nanopatch_imported"] = True  # a check fails: stock imported nanopatch
         if name == "nano-trainer-2":
             extra["learning"] = learning_record(PARAMS[1:])  # its steps never reach the first convolution
+        if name == "ddp-nanopatch":
+            extra["measuring_when_timed"] = True  # a check fails: its timed steps ran nanopatch's trial
         ranks = [
             fake_rank(r, s, patched=v.patched, world=v.processes, dtype=dtype, **extra) for r in range(v.processes)
         ]
@@ -343,7 +345,9 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     # a checkout edited during the run: two versions of nanopatch's source between rounds
     second = {**runs["nanopatch+bf16-mixed"][0], "round": 1, "nanopatch_digest": "b"}
     runs["nanopatch+bf16-mixed"] = [{**runs["nanopatch+bf16-mixed"][0], "nanopatch_digest": "a"}, second]
-    args = argparse.Namespace(steps=2, warmup=1, tiny=True, **{k: 1 for k in fw_variants.TINY if k != "tiny"})
+    args = argparse.Namespace(
+        steps=2, warmup=1, tiny=True, quick=False, **{k: 1 for k in fw_variants.TINY if k != "tiny"}
+    )
     rows = {r["variant"]: r for r in fw_summary.summarise(list(seconds), runs, args, cores=2)}
 
     assert rows["nanopatch"]["ratio_to_stock"] == pytest.approx(2.5)
@@ -382,6 +386,9 @@ def test_report_ratios_targets_and_checks(monkeypatch, capsys):
     assert rows["stock"]["details"]["problems"] == ["nanopatch was imported"]
     assert rows["bf16-mixed"]["details"]["problems"] == ["bf16-mixed, but the layer computed in fp32"]
     assert rows["hf-nanopatch"]["details"]["problems"] == []
+    assert rows["ddp-nanopatch"]["details"]["problems"] == [
+        "nanopatch was still measuring its choices when the timed steps began (raise --warmup)"
+    ]
     assert rows["nanopatch+bf16-mixed"]["details"]["problems"] == [
         "nanopatch's source changed between its rounds (2 versions)"
     ]

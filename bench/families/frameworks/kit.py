@@ -33,6 +33,7 @@ class Clock:
         self.first_step_at: float | None = None
         self.t0 = self.t1 = self.cpu0 = self.cpu1 = self.before = 0.0
         self.on_done = None  # called once after the last timed step (facts that need the live run)
+        self.measuring = False  # nanopatch still measuring its choices when the timed steps began
 
     @property
     def done(self) -> bool:
@@ -45,6 +46,8 @@ class Clock:
             if batch is not None:
                 self.first_batch = checksum(batch)
         if self.seen == self.warmup:
+            self.measuring = h.measuring()
+            now = time.perf_counter()
             self.t0, self.cpu0 = now, time.process_time()
             self.probe.active = True
         self.before = now
@@ -74,6 +77,7 @@ class Clock:
             "setup_s": (self.first_step_at or self.started) - self.started,
             "warmup_s": self.t0 - (self.first_step_at or self.t0),
             "first_batch": self.first_batch,
+            "measuring_when_timed": self.measuring,
         }
 
 

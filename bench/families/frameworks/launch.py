@@ -91,6 +91,7 @@ def facts_of(run: dict[str, Any]) -> dict[str, Any]:
         "precision": ranks[0].get("precision"),
         "samples_per_rank": [r["samples"] for r in ranks],
         "steps_seen": [r["steps_seen"] for r in ranks],
+        "measuring_when_timed": [r.get("measuring_when_timed", False) for r in ranks],
         "nanopatch_imported": [r["nanopatch_imported"] for r in ranks],
         "first_weight_channels_last": [r["first_weight_channels_last"] for r in ranks],
         "probe": probes[0],

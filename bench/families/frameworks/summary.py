@@ -38,6 +38,8 @@ def problems(v: Variant, d: dict[str, Any], args: argparse.Namespace) -> list[st
     expected_steps = args.warmup + args.steps
     if any(s != expected_steps for s in d["steps_seen"]):
         found.append(f"steps seen {d['steps_seen']}, expected {expected_steps} (warm-up + timed)")
+    if not args.quick and any(d.get("measuring_when_timed", ())):
+        found.append("nanopatch was still measuring its choices when the timed steps began (raise --warmup)")
     if any(p == "no call seen" for p in d["inside_per_rank"]):
         found.append("the probe saw no forward call of its layer in the timed steps")
     if v.precision and d["precision"] != v.precision:

@@ -16,7 +16,9 @@ MAX_WORLD = 2  # the data set holds enough batches for every rank of the largest
 #: the steps nanopatch's measurement of a model takes where its modes are not clear-cut (bf16
 #: against fp32 and, for a CNN, channels-last against stock's layout: 3 in its choice, each other
 #: mode's set-up step, 4 of each of the four modes): the least warm-up of a full run, so that its
-#: timed steps run what nanopatch decided
+#: timed steps run what nanopatch decided. Noisy steps can make it measure longer (up to 8 of
+#: each): a run whose timed steps began while it still measured fails its checks (the worker
+#: asks nanopatch's status at the first timed step)
 TRIAL_SPAN = 22
 TINY = {
     "image_size": 32,

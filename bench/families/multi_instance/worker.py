@@ -14,11 +14,7 @@ from pathlib import Path
 
 import harness as h
 
-from families.train_step.worker import (
-    MAX_TRIAL_STEPS,
-    measuring,
-    rss_mib,
-)  # bench/ is the script's folder, first on sys.path
+from families.train_step.worker import MAX_TRIAL_STEPS, rss_mib  # bench/ is the script's folder, first on sys.path
 
 SEED = 20250
 CLASSES = 1000
@@ -57,7 +53,7 @@ def thread_cpus() -> dict[str, list[str]]:
 def still_measuring() -> bool:
     """Whether nanopatch, if this script runs under it, still measures something for a model
     (bf16 against fp32, channels-last against stock's layout), in any rank of a process group."""
-    measuring_here = measuring()
+    measuring_here = h.measuring()
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

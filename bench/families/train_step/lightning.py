@@ -11,7 +11,7 @@ from families.train_step.inside import attach_probe, compute_dtype, detach_first
 from families.train_step.models import Job
 from families.train_step.profiling import Profiling
 from families.train_step.variants import LIGHTNING_PRECISION
-from families.train_step.worker import MAX_TRIAL_STEPS, Channel, Sample, apply_patch, measuring, setup_reply
+from families.train_step.worker import MAX_TRIAL_STEPS, Channel, Sample, apply_patch, setup_reply
 
 
 def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
@@ -89,7 +89,7 @@ def lightning_serve(channel: Channel, request: dict[str, Any]) -> None:
                         learning.stop()
                     return
                 self.warmup_s.append(took)
-                if len(self.warmup_s) < request["warmup"] or (measuring() and len(self.warmup_s) < MAX_TRIAL_STEPS):
+                if len(self.warmup_s) < request["warmup"] or (h.measuring() and len(self.warmup_s) < MAX_TRIAL_STEPS):
                     return
                 # the probes: one extra forward pass in the precision plugin's context, as
                 # training_step runs, then a hook inside the model during the next batch

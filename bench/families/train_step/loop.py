@@ -9,12 +9,14 @@ import time
 import traceback
 from typing import Any
 
+import harness as h
+
 from families.train_step.inside import compute_dtype, detach_first_layer, learning_steps, observed, probed_step
 from families.train_step.lightning import lightning_serve
 from families.train_step.models import Job
 from families.train_step.profiling import Profiling
 from families.train_step.roof import flops_per_sample
-from families.train_step.worker import MAX_TRIAL_STEPS, Channel, Sample, answer, apply_patch, measuring, setup_reply
+from families.train_step.worker import MAX_TRIAL_STEPS, Channel, Sample, answer, apply_patch, setup_reply
 
 
 class StepRunner:
@@ -41,7 +43,7 @@ class StepRunner:
         built = time.perf_counter()
         record, learning_s = learning_steps(job, request["learn"])
         warmup_s = []
-        while len(warmup_s) < request["warmup"] or (measuring() and len(warmup_s) < MAX_TRIAL_STEPS):
+        while len(warmup_s) < request["warmup"] or (h.measuring() and len(warmup_s) < MAX_TRIAL_STEPS):
             start = time.perf_counter()
             output, loss = job.step()
             loss.item()

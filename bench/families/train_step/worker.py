@@ -23,19 +23,6 @@ from families.train_step.roof import matmul_rates
 MAX_TRIAL_STEPS = 38
 
 
-def measuring() -> bool:
-    """Whether nanopatch is still measuring bf16 against fp32 or channels-last against stock's
-    layout for a model (``status()``'s ``bf16_measured``, ``channels_last_measured``): the steps
-    of that measurement are warm-up, not steady steps."""
-    if "nanopatch" not in sys.modules:
-        return False
-    import nanopatch
-
-    models = nanopatch.status()["targets"].get("training", {}).get("details") or []
-    keys = ("bf16_measured", "channels_last_measured")
-    return any(isinstance(m, dict) and "measuring" in (m.get(key) for key in keys) for m in models)
-
-
 def rss_mib() -> tuple[float, float]:
     """(current, peak) resident memory of this process in MiB."""
     with open("/proc/self/statm") as f:
