@@ -20,7 +20,19 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--own-ddp", action="store_true")
 parser.add_argument("--slower", choices=["channels-last", "stock-layout"], help="make one layout's steps 30 ms slower")
+parser.add_argument("--compile-soon", action="store_true", help="compile=auto tries compiling after 3 eager steps")
+parser.add_argument("--compile-fails", action="store_true", help="torch.compile raises on rank 1")
 args = parser.parse_args()
+if args.compile_soon:
+    from nanopatch.targets.training import compile_choice
+
+    compile_choice.PRIOR_COMPILE_S, compile_choice.MIN_STEPS = 0.0, 3
+if args.compile_fails and os.environ.get("RANK") == "1":
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("this rank's compiler is broken")
+
+    torch.compile = broken
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
@@ -46,7 +58,7 @@ for _ in range(args.steps):
     loss.backward()
     optimizer.step()
 plans = nanopatch.status()["targets"]["training"]["details"]
-keys = ("bf16", "bf16_measured", "channels_last", "channels_last_measured", "data_parallel", "notes")
+keys = ("bf16", "bf16_measured", "channels_last", "channels_last_measured", "data_parallel", "compile_choice", "notes")
 chosen = [{key: plan.get(key) for key in keys} for plan in plans]
 conv = (model.module if args.own_ddp else model)[0].weight
 for plan in chosen:  # the layout the weights and the optimizer's state for them really have

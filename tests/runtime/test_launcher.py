@@ -358,6 +358,35 @@ def test_nproc_measures_channels_last_in_data_parallel_training(tmp_path, slower
 
 @pytest.mark.py_only  # the processes a launch starts and leaves
 @needs_two
+@pytest.mark.parametrize("own_ddp", [False, True], ids=["nanopatchs-ddp", "the-scripts-ddp"])
+@pytest.mark.parametrize("fails", [False, True], ids=["compiles", "fails-on-rank-1"])
+def test_compile_auto_is_decided_alike_on_every_rank(tmp_path, own_ddp, fails):
+    """``compile="auto"`` under data-parallel training (told to try compiling after 3 eager
+    steps): every rank compiles at the same step, times the steps as the slowest rank's and
+    keeps the same forward; a compile that fails on rank 1 ends every rank's trial at the same
+    step with eager (ended on rank 1 alone, it would leave rank 0 waiting in the all-reduce)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = str(TESTS_DIR / "data" / "dp_trial.py")
+    args = ["--nproc", "2", "--compile=auto", script, "--out", str(out), "--compile-soon"]
+    args += (["--own-ddp"] if own_ddp else []) + (["--compile-fails"] if fails else [])
+    ok(nanopatch(args, cwd=tmp_path, NANOPATCH_CACHE_DIR=str(tmp_path / "cache")))
+    ranks = [json.loads((out / f"{rank}.json").read_text())[0] for rank in (0, 1)]
+    choices = [rank["compile_choice"] for rank in ranks]
+    if fails:
+        assert choices == [
+            "eager: torch.compile failed on another rank",
+            "eager: torch.compile failed (RuntimeError: this rank's compiler is broken)",
+        ]
+    else:
+        assert choices[0] == choices[1] and choices[0].startswith(("compiled: measured", "eager: ")), choices
+        assert "to compile" in choices[0]  # it compiled, and measured
+    weights = [load(out / f"{rank}.pt") for rank in (0, 1)]
+    assert_same_weights(weights[0], weights[1], atol=0)
+
+
+@pytest.mark.py_only  # the processes a launch starts and leaves
+@needs_two
 def test_a_rank_that_raises_stops_every_rank_with_its_traceback(tmp_path):
     proc, _ = dp_run(tmp_path, ["--nproc", "2", "--all-ranks-print"], ["--fail-rank", "1"])
     assert proc.returncode == 1

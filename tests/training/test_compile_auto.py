@@ -243,3 +243,80 @@ def test_the_bf16_and_compile_measurements_share_one_noise_rule(first, second, m
     said, noise = beyond_noise(first, second, margin)
     assert said == verdict
     assert noise == max(spread(first), spread(second), margin)
+
+
+# --- data-parallel: every rank agrees ---------------------------------------------------------
+
+
+def test_data_parallel_ranks_compile_at_the_same_step_and_decide_from_the_slowest_ranks_times():
+    """Under DDP each step's time goes through ``agree`` (the ranks' maxima): this rank's own
+    steps say compiled is faster, the slowest rank's say it is slower, and eager stays with the
+    agreed figures; every step of the trial asks, with no failure to report."""
+    asked = []
+
+    def agree(values):  # the other rank: eager 100 ms, compiled 130 ms
+        asked.append(values)
+        took, failed = values
+        other = 0.130 if plan.compile_mode else 0.100
+        return [max(took, other), failed]
+
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key="k", prior_compile_s=0.95, min_steps=4, agree=agree)
+    modes = drive(trial, plan, eager_ms=100, compiled_ms=70)
+    assert modes[10] == "compile" and plan.compile_mode is False
+    assert plan.compile_choice.startswith("eager: measured slower: compiled 130 ms, eager 100 ms per step")
+    assert len(asked) == len(modes) and {failed for _, failed in asked} == {0.0}
+
+
+@pytest.mark.parametrize("where", ["here", "another rank"])
+def test_a_compile_failure_on_any_rank_ends_every_ranks_trial_at_the_same_step(where):
+    """A rank whose compile fails runs eagerly and reports it at the step's end (it does not end
+    its trial alone, which would leave the others waiting in the all-reduce); a failure on
+    another rank ends this one's trial at the same step, eager."""
+    asked = []
+
+    def agree(values):
+        asked.append(values)
+        failed = 1.0 if where == "another rank" and plan.compile_mode else values[1]
+        return [values[0], failed]
+
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key="k", prior_compile_s=0.0, min_steps=2, agree=agree)
+    plan.compile_trial = trial
+    now = 0.0
+    for _ in range(3):  # the first step's end, then two eager steps: compiling is next
+        now += 0.1
+        trial.on_step(plan, now)
+    assert plan.compile_mode == "default" and trial.phase == "compiling"
+    if where == "here":
+        trial.fail(plan, "torch.compile failed (RuntimeError: boom)")
+        assert plan.compile_trial is trial and plan.compile_mode is False  # eager until the step's end
+    trial.on_step(plan, now + 0.1)
+    assert plan.compile_trial is None and plan.compile_mode is False
+    why = "torch.compile failed (RuntimeError: boom)" if where == "here" else "torch.compile failed on another rank"
+    assert plan.compile_choice == f"eager: {why}"
+    assert asked[-1][1] == (1.0 if where == "here" else 0.0)
+
+
+@pytest.mark.parametrize("records", [(True, True), (True, False), (False, True)])
+def test_every_rank_runs_the_compile_trial_or_none_does(records):
+    """A rank whose own record of an earlier run skipped the trial (another CPU, other threads)
+    makes every rank skip it: one all-reduce as the model is set up, on every rank."""
+    here, other = records  # whether each rank's record left it a trial
+    calls = []
+
+    def agree(values):
+        calls.append(values)
+        return [max(values[0], 0.0 if other else 1.0)]
+
+    plan = Plan(name="M")
+    plan.compile_trial = trial = compile_choice.CompileTrial(key="k") if here else None
+    compile_choice.agree_ranks(plan, agree)
+    assert calls == [[0.0 if here else 1.0]]
+    if here and other:
+        assert plan.compile_trial is trial and trial.agree is agree
+    elif here:
+        assert plan.compile_trial is None and plan.compile_mode is False
+        assert plan.compile_choice == "eager: another rank's record of an earlier run measured torch.compile slower"
+    else:
+        assert plan.compile_trial is None

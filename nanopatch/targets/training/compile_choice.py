@@ -21,6 +21,12 @@ So ``auto`` decides per model, on the run's own optimizer steps (one iteration =
    otherwise eager, the known-safe choice.
 3. **Fall back.** A compile error, or more than :data:`GRAPH_LIMIT` graphs (graph breaks or
    recompiles), ends the trial at once with eager.
+   In data-parallel training (a ``DistributedDataParallel`` over two processes or more) the
+   ranks agree: each step's time is the slowest rank's and a failure is any rank's (one
+   all-reduce a step while the trial lasts), so every rank compiles at the same step and keeps
+   the same forward; a rank whose compile failed runs eagerly until that step's end, where every
+   rank ends the trial together (one that ended it alone would leave the others waiting in the
+   all-reduce).
 4. **Remember.** The decision, the compile time and both step times are kept per model and
    machine (``NANOPATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/nanopatch``, else
    ``~/.cache/nanopatch``; ``compile.json``), keyed by the model's class and parameter shapes,
@@ -38,6 +44,7 @@ import datetime
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -95,6 +102,21 @@ def start(plan: Any, model: torch.nn.Module, mode: str = "default") -> None:
     plan.compile_trial = CompileTrial(mode=mode, key=key, record=record)
 
 
+def agree_ranks(plan: Any, agree: Callable[[list[float]], list[float]]) -> None:
+    """Data-parallel training: every rank runs the trial, or none does (a rank whose own record
+    skipped it, with other threads or another CPU, would leave the others waiting in the trial's
+    all-reduce); the trial then agrees on each step (:class:`CompileTrial`'s ``agree``). Called
+    on every rank as the model is set up."""
+    trial = plan.compile_trial
+    skipped = agree([0.0 if trial is not None else 1.0])[0]
+    if trial is None:
+        return
+    if skipped:
+        trial.decide(plan, False, "another rank's record of an earlier run measured torch.compile slower")
+    else:
+        trial.agree = agree
+
+
 def graph_count() -> int:
     """The graphs torch.compile has made in this process so far."""
     try:
@@ -128,6 +150,8 @@ class CompileTrial:
     graphs_before: int = 0
     record: dict[str, Any] | None = None
     compiled_now: bool = False  # the forward the iteration running now uses
+    agree: Callable[[list[float]], list[float]] | None = None  # (step time, failed) -> the ranks' maxima
+    failed: str | None = None  # why compiling failed here, waiting for the step's end to agree on
 
     def expected_compile_s(self) -> float:
         if self.record and isinstance(self.record.get("compile_s"), (int, float)):
@@ -135,11 +159,25 @@ class CompileTrial:
         return self.prior_compile_s
 
     def on_step(self, plan: Any, now: float | None = None) -> None:
+        real = now is None
         now = time.perf_counter() if now is None else now
         last, self.last = self.last, now
         if last is None:
             return
         took = now - last
+        if self.phase == "duel" and self.failed is None:
+            graphs = graph_count() - self.graphs_before
+            if graphs > GRAPH_LIMIT:
+                self.failed = f"torch.compile made {graphs} graphs of it (graph breaks or recompiles)"
+        if self.agree is not None:  # every rank, at every step of the trial: a collective
+            took, failed = self.agree([took, 1.0 if self.failed else 0.0])
+            if failed and self.failed is None:
+                self.failed = "torch.compile failed on another rank"
+            if real:  # the all-reduce's own time is no step's
+                self.last = time.perf_counter()
+        if self.failed is not None:
+            self.decide(plan, False, self.failed)
+            return
         if self.phase == "eager":
             self._eager(plan, took)
         elif self.phase == "compiling":
@@ -171,10 +209,6 @@ class CompileTrial:
         self._switch(plan, False)  # eager next, then alternating
 
     def _duel(self, plan: Any) -> None:
-        graphs = graph_count() - self.graphs_before
-        if graphs > GRAPH_LIMIT:
-            self.decide(plan, False, f"torch.compile made {graphs} graphs of it (graph breaks or recompiles)")
-            return
         counted = min(len(v) for v in self.times.values())
         if counted >= self.rounds:
             compiled, eager = min(self.times[True]), min(self.times[False])
@@ -202,6 +236,15 @@ class CompileTrial:
     def _switch(self, plan: Any, compiled: bool) -> None:
         self.compiled_now = compiled
         plan.compile_mode = self.mode if compiled else False
+
+    def fail(self, plan: Any, why: str) -> None:
+        """Compiling failed (``why``): eager from the next call on, and the trial ends now, or,
+        where the ranks agree, at the end of this step on every rank together."""
+        plan.compile_mode = False
+        if self.agree is None:
+            self.decide(plan, False, why)
+        elif self.failed is None:
+            self.failed = why
 
     def decide(
         self, plan: Any, keep: bool, why: str, compiled: float | None = None, eager: float | None = None

@@ -276,9 +276,11 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     )
     if plan.trial is not None and plan.trial.relayout is not None and wrapper is not None:
         plan.trial.between = functools.partial(mf.record_order, wrapper)
-    if plan.trial is not None:
-        ranks = plan.ddp if plan.ddp is not None else module
-        plan.trial.agree = _slowest_rank(ranks, whole_group=plan.ddp_later is not None)
+    agree = _ranks_max(plan.ddp if plan.ddp is not None else module, whole_group=plan.ddp_later is not None)
+    if plan.trial is not None and agree is not None:
+        plan.trial.agree = _slowest(agree)
+    if cfg.compile == config_mod.COMPILE_AUTO and agree is not None:
+        compile_choice.agree_ranks(plan, agree)
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
 
@@ -331,14 +333,14 @@ def layout_measured(cfg: Any, plan: Plan) -> bool:
     return cfg.sources.get("channels_last") == "auto" and not compiles and plan.ddp is None and not plan.ipex
 
 
-def _slowest_rank(module: Any, whole_group: bool = False) -> Callable[[float], float] | None:
+def _ranks_max(module: Any, whole_group: bool = False) -> Callable[[list[float]], list[float]] | None:
     """For a model trained through ``DistributedDataParallel`` (nanopatch's own under
-    ``--nproc``, the script's, Lightning's) over two processes or more: a step time -> the
-    slowest of its ranks' (an all-reduce over the wrapper's group), so that the trial decides
-    the same on every rank. DDP's own all-reduces in every backward keep the ranks' steps in
-    lock-step, so every rank calls it at the same steps. ``whole_group``: a model whose
-    gradients nanopatch averages over the default group itself until its DDP wraps it. None for
-    any other model."""
+    ``--nproc``, the script's, Lightning's) over two processes or more: figures -> each one's
+    largest over its ranks (an all-reduce over the wrapper's group), for the trials to decide
+    the same on every rank from the slowest rank's step times. DDP's own all-reduces in every
+    backward keep the ranks' steps in lock-step, so every rank calls it at the same steps.
+    ``whole_group``: a model whose gradients nanopatch averages over the default group itself
+    until its DDP wraps it. None for any other model."""
     if not whole_group and not isinstance(module, nn.parallel.DistributedDataParallel):
         return None
     import torch.distributed as dist
@@ -350,10 +352,19 @@ def _slowest_rank(module: Any, whole_group: bool = False) -> Callable[[float], f
     except Exception:  # a group this process is not in: nothing to agree on
         return None
 
+    def largest(values: list[float]) -> list[float]:
+        figures = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=group)
+        return figures.tolist()
+
+    return largest
+
+
+def _slowest(agree: Callable[[list[float]], list[float]]) -> Callable[[float], float]:
+    """A step time -> the slowest rank's (:func:`_ranks_max`), as :class:`.plan.Trial` asks."""
+
     def slowest(seconds: float) -> float:
-        took = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
-        return float(took.item())
+        return agree([seconds])[0]
 
     return slowest
 

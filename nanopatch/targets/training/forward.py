@@ -312,7 +312,7 @@ def _compile_failed(module: nn.Module, plan: Plan, exc: BaseException) -> None:
     plan.compile_mode = False
     plan.compiled = None
     if plan.compile_trial is not None:  # compile="auto": a failure is one of its answers
-        plan.compile_trial.decide(plan, False, f"torch.compile failed ({type(exc).__name__}: {exc})")
+        plan.compile_trial.fail(plan, f"torch.compile failed ({type(exc).__name__}: {exc})")
         return
     plan.notes.append(f"torch.compile failed ({type(exc).__name__}); eager")
     warn_once(
