@@ -303,6 +303,36 @@ def test_a_ddp_that_cannot_lay_its_buckets_out_again_keeps_its_channels_last_wei
         dist.destroy_process_group()
 
 
+def test_a_set_up_that_fails_in_a_ddp_leaves_its_layout_to_the_unpatch(monkeypatch):
+    """A model set up inside a script's DDP, whose set-up fails after it took the channels-last
+    layout given at the wrap: the model runs stock, its weights stay as DDP's buckets have them
+    (no re-layout, no rebuild on one rank alone), and the unpatch restores them, buckets too."""
+    import torch.distributed as dist
+
+    from nanopatch.targets.training import forward as fw
+
+    def broken(module, plan):
+        raise RuntimeError("set-up broke")
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+            model = small_cnn()
+            ddp = nn.parallel.DistributedDataParallel(model)
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            ddp.train()
+            monkeypatch.setattr(fw, "install", broken)
+            train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+            assert "set-up broke" in plan_of(ddp).stock
+            assert model in discovery.search.converted
+            assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+            assert_ddp_steps_as_stock(ddp, model)
+        assert model[0].weight.is_contiguous()
+        assert_ddp_steps_as_stock(ddp, model)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_model_wrapped_in_data_parallel():
     with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
         model = small_cnn()

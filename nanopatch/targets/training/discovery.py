@@ -458,9 +458,12 @@ def uninstall(module: nn.Module, plan: Plan) -> None:
     plan.ddp_later = None
     plan.frozen = None  # the bf16 copies of its frozen weights go with it
     if plan.rank is not None and not plan.ipex:  # IPEX re-laid the weights out itself
-        if plan.layout is not None:
+        if isinstance(module, nn.parallel.DistributedDataParallel) and plan.layout is not None:
+            # given at the wrap: undone at unpatch, on every rank (its buckets are laid out again)
+            search.converted[inner(module)] = plan.layout
+        elif plan.layout is not None:
             context().discard(plan.layout)
-            plan.layout = None
+        plan.layout = None
         plan.rank = None
     if plan.ipex and plan.amp_dtype is not None:
         plan.compile_mode = False
