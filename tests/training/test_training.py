@@ -18,6 +18,7 @@ from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
+from nanopatch.foundation import cpu
 from nanopatch.targets.training import amp, discovery
 from nanopatch.targets.training import patch as training
 
@@ -282,20 +283,31 @@ def test_model_wrapped_in_distributed_data_parallel():
         dist.destroy_process_group()
 
 
-def test_a_ddp_that_cannot_lay_its_buckets_out_again_keeps_its_channels_last_weights(caplog):
-    """DDP with ``find_unused_parameters=True`` never rebuilds its gradient buckets: at unpatch
-    the weights it wrapped channels-last stay so (said in a warning), and its steps after are
-    right (with the weights back to stock's strides torch would misplace the averaged gradients' elements)."""
+@pytest.mark.skipif(not cpu.host_facts().avx2, reason="channels-last is nanopatch's own choice only with AVX2")
+@pytest.mark.parametrize("why", ["find_unused_parameters", "comm_hook"])
+def test_a_ddp_that_cannot_lay_its_buckets_out_again_keeps_its_channels_last_weights(caplog, why):
+    """DDP with ``find_unused_parameters=True`` never rebuilds its gradient buckets, and one
+    with a communication hook of the script's must not (PowerSGD keeps state per bucket): the
+    channels-last nanopatch gave the model before the wrap is not measured (its notes say why),
+    at unpatch the weights stay so (said in a warning), and its steps after are right (with the
+    weights back to stock's strides torch would misplace the averaged gradients' elements)."""
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        with nanopatch.patched(bf16=True, **NATIVE):  # channels-last: nanopatch's own choice
             model = small_cnn()
-            ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+            ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=why == "find_unused_parameters")
+            if why == "comm_hook":
+                ddp.register_comm_hook(None, default_hooks.allreduce_hook)
             optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
             ddp.train()
             train_steps(ddp, optimizer, torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3]))
+            described = plan_of(ddp).describe()
+            assert described["channels_last"] == "channels_last" and described["channels_last_measured"] is None
+            reason = "looks for unused parameters" if why == "find_unused_parameters" else "communication hook"
+            assert any(n.startswith("channels-last given before") and reason in n for n in described["notes"])
         assert model[0].weight.is_contiguous(memory_format=torch.channels_last) and not model[0].weight.is_contiguous()
         assert any("keeps its channels-last weights" in r.getMessage() for r in caplog.records)
         assert_ddp_steps_as_stock(ddp, model)

@@ -238,20 +238,7 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         if cfg.channels_last:  # IPEX laid the weights out; the inputs follow
             plan.rank = rank
     if cfg.channels_last and not plan.ipex:
-        rank = mf.channels_last_rank(model)
-        ddp = isinstance(module, nn.parallel.DistributedDataParallel)
-        if rank is not None and ddp and not _already(model, rank):
-            # DDP laid its gradient buckets out for the strides the parameters had when it
-            # wrapped them; changing them now costs a copy per bucket and per step.
-            plan.notes.append(f"channels-last not applied: the model was already wrapped in {_name(module)}")
-            rank = None
-        if rank is not None:
-            if not _already(model, rank):  # the user's own channels-last weights stay theirs
-                plan.layout = mf.convert_model(model, rank, _holding)
-            elif ddp and model in search.converted and mf.buckets_follow(module):
-                # nanopatch's, given just before the wrap: measured as its own, the buckets following
-                plan.layout = search.converted.pop(model)
-            plan.rank = rank
+        _channels_last(module, model, plan, cfg)
     if cfg.ipex and not plan.ipex:
         _try_ipex(module, model, optimizer, plan, bf16)
     if not plan.ipex:
@@ -283,6 +270,30 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
         compile_choice.agree_ranks(plan, agree)
     fw.install(module, plan)
     logger.info("accelerating %s: %s", plan.name, plan.describe())
+
+
+def _channels_last(module: nn.Module, model: nn.Module, plan: Plan, cfg: Any) -> None:
+    """Channels-last weights for a model with convolutions: nanopatch's own (``plan.layout``,
+    which the trial may measure), given here or just before a DDP wrapper of the script's
+    wrapped it; the user's own stay theirs."""
+    rank = mf.channels_last_rank(model)
+    ddp = isinstance(module, nn.parallel.DistributedDataParallel)
+    if rank is not None and ddp and not _already(model, rank):
+        # DDP laid its gradient buckets out for the strides the parameters had when it
+        # wrapped them; where they differ, torch misplaces the averaged gradients' elements
+        plan.notes.append(f"channels-last not applied: the model was already wrapped in {_name(module)}")
+        rank = None
+    if rank is None:
+        return
+    if not _already(model, rank):  # the user's own channels-last weights stay theirs
+        plan.layout = mf.convert_model(model, rank, _holding)
+    elif ddp and model in search.converted:  # nanopatch's, given just before the wrap
+        stays = mf.buckets_stay(module)
+        if stays is None:  # measured as its own, the buckets following
+            plan.layout = search.converted.pop(model)
+        elif cfg.sources.get("channels_last") == "auto":
+            plan.notes.append(f"channels-last given before {_name(module)} wrapped it, not measured: {stays}")
+    plan.rank = rank
 
 
 def _data_parallel(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, layout: bool) -> bool:

@@ -65,13 +65,15 @@ def convert_model(
         if alive is None:
             return
         if ddp is not None and getattr(ddp, "reducer", None) is not None:
-            if not buckets_follow(ddp):
+            why = buckets_stay(ddp)
+            if why is not None:
                 logger.warning(
-                    "%s keeps its channels-last weights: %s laid its gradient buckets out for them and cannot "
-                    "lay them out again (find_unused_parameters=True), and torch misplaces the averaged gradients' "
-                    "elements where their strides differ",
+                    "%s keeps its channels-last weights: %s laid its gradient buckets out for them and they "
+                    "cannot be laid out again (%s), and torch misplaces the averaged gradients' elements where "
+                    "their strides differ",
                     type(alive).__name__,
                     type(ddp).__name__,
+                    why,
                 )
                 return
             relayout(alive, rank, False, optimizers(alive))
@@ -149,15 +151,26 @@ def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:
 # wrapped model's weights out lays the wrapper's buckets out again at once.
 
 
-def buckets_follow(ddp: Any) -> bool:
-    """Whether ``ddp``'s (a ``DistributedDataParallel``) gradient buckets can be laid out again
-    for new strides: its reducer rebuilds them (torch does once, after the first backward) only
-    where it is not looking for unused parameters, or knows the graph is static."""
+def buckets_stay(ddp: Any) -> str | None:
+    """Why ``ddp``'s (a ``DistributedDataParallel``) gradient buckets cannot be laid out again
+    for new strides, or None where they can: its reducer rebuilds them (torch does once, after
+    the first backward) only where it is not looking for unused parameters, or knows the graph
+    is static; and a communication hook of the script's may keep state per bucket (PowerSGD's
+    error feedback: torch rebuilds before its hook starts, never after)."""
     reducer = getattr(ddp, "reducer", None)
     needed = ("_rebuild_buckets", "_reset_state", "_push_all_rebuilt_params")
     if reducer is None or not all(hasattr(reducer, name) for name in needed):
-        return False
-    return bool(getattr(ddp, "static_graph", False)) or not getattr(ddp, "find_unused_parameters", True)
+        return "this torch's DDP cannot rebuild its buckets"
+    if getattr(ddp, "_comm_hooks", None):
+        return "it has a communication hook of its own, which may keep state per bucket"
+    if not getattr(ddp, "static_graph", False) and getattr(ddp, "find_unused_parameters", True):
+        return "it looks for unused parameters (find_unused_parameters=True)"
+    return None
+
+
+def buckets_follow(ddp: Any) -> bool:
+    """Whether ``ddp``'s gradient buckets can be laid out again for new strides (:func:`buckets_stay`)."""
+    return buckets_stay(ddp) is None
 
 
 def record_order(ddp: Any) -> None:
