@@ -61,25 +61,24 @@ def convert_model(
 
     def undo() -> None:
         alive = ref()
-        ddp = wrapped() if wrapped is not None else None
         if alive is None:
             return
-        if ddp is not None and getattr(ddp, "reducer", None) is not None:
-            why = buckets_stay(ddp)
-            if why is not None:
-                logger.warning(
-                    "%s keeps its channels-last weights: %s laid its gradient buckets out for them and they "
-                    "cannot be laid out again (%s), and torch misplaces the averaged gradients' elements where "
-                    "their strides differ",
-                    type(alive).__name__,
-                    type(ddp).__name__,
-                    why,
-                )
-                return
-            relayout(alive, rank, False, optimizers(alive))
-            _rebucket_if_grouped(ddp)
+        ddp = wrapped() if wrapped is not None else None
+        wraps = ddp is not None and getattr(ddp, "reducer", None) is not None  # built, and training through it
+        why = buckets_stay(ddp) if wraps else None
+        if why is not None:
+            logger.warning(
+                "%s keeps its channels-last weights: %s laid its gradient buckets out for them and they "
+                "cannot be laid out again (%s), and torch misplaces the averaged gradients' elements where "
+                "their strides differ",
+                type(alive).__name__,
+                type(ddp).__name__,
+                why,
+            )
             return
         relayout(alive, rank, False, optimizers(alive))
+        if wraps:
+            _rebucket_if_grouped(ddp)
 
     return context().on_undo(undo, f"{type(model).__name__}(at {id(model):#x}): channels-last weights", model)
 
@@ -166,11 +165,6 @@ def buckets_stay(ddp: Any) -> str | None:
     if not getattr(ddp, "static_graph", False) and getattr(ddp, "find_unused_parameters", True):
         return "it looks for unused parameters (find_unused_parameters=True)"
     return None
-
-
-def buckets_follow(ddp: Any) -> bool:
-    """Whether ``ddp``'s gradient buckets can be laid out again for new strides (:func:`buckets_stay`)."""
-    return buckets_stay(ddp) is None
 
 
 def record_order(ddp: Any) -> None:
