@@ -199,6 +199,25 @@ def _row(index: int, s: Step, p: Step, scale: float) -> dict[str, Any]:
     return row
 
 
+def _update_problems(stock: Sequence[Step], patched: Sequence[Step]) -> list[str]:
+    """Parameters stock updates that the patched run never updated, and the other way round."""
+    problems = []
+    updated_stock, updated_patched = _union(s.updated for s in stock), _union(p.updated for p in patched)
+    if updated_stock - updated_patched:
+        missing = updated_stock - updated_patched
+        problems.append(f"{len(missing)} parameter(s) stock updates were never updated patched ({_names(missing)})")
+    # a parameter stock gives a non-zero gradient it may move by less than rounding, where bf16's
+    # noise moves it more: a convolution's bias before a batch norm (the norm takes the mean
+    # away, so its gradient is zero but for rounding), a norm's scale where the next norm undoes it
+    extra = updated_patched - updated_stock - _union(s.nonzero for s in stock)
+    if extra:
+        problems.append(
+            f"{len(extra)} parameter(s) stock never updates (nor gives a non-zero gradient) were updated "
+            f"patched ({_names(extra)})"
+        )
+    return problems
+
+
 def compare(stock: Sequence[Step], patched: Sequence[Step], tolerance: Tolerance | None = None) -> Verdict:
     """Whether the patched steps learn as the stock ones (see the module's text)."""
     tolerance = tolerance or Tolerance()
@@ -231,19 +250,7 @@ def compare(stock: Sequence[Step], patched: Sequence[Step], tolerance: Tolerance
         problems.append(
             f"{len(never)} parameter(s) with a non-zero gradient in stock never got one patched ({_names(never)})"
         )
-    updated_stock, updated_patched = _union(s.updated for s in stock[:n]), _union(p.updated for p in patched[:n])
-    if updated_stock - updated_patched:
-        missing = updated_stock - updated_patched
-        problems.append(f"{len(missing)} parameter(s) stock updates were never updated patched ({_names(missing)})")
-    # a parameter stock gives a non-zero gradient it may move by less than rounding, where bf16's
-    # noise moves it more: a convolution's bias before a batch norm (the norm takes the mean
-    # away, so its gradient is zero but for rounding), a norm's scale where the next norm undoes it
-    extra = updated_patched - updated_stock - _union(s.nonzero for s in stock[:n])
-    if extra:
-        problems.append(
-            f"{len(extra)} parameter(s) stock never updates (nor gives a non-zero gradient) were updated "
-            f"patched ({_names(extra)})"
-        )
+    problems.extend(_update_problems(stock[:n], patched[:n]))
     for end in range(1, n + 1):
         window = _window_difference(stock, patched, end, tolerance.window, scale)
         if window is not None and window > step_bound:
