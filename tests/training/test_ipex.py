@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import nanopatch
 from nanopatch import NanopatchWarning
@@ -167,6 +168,20 @@ def test_optimizers_ipex_cannot_fuse_take_the_native_path():
     assert not plan.ipex and out.dtype == torch.float32
     assert any("IPEX cannot fuse AdamW" in note for note in plan.notes)
     nanopatch.unpatch_torch()  # a native model: undone without a word
+    assert "forward" not in model.__dict__
+
+
+def test_a_model_with_sparse_gradients_takes_the_native_path():
+    """IPEX's fused SGD does not take the sparse gradients of an ``EmbeddingBag(sparse=True)``."""
+    nanopatch.patch_torch(bf16=True, ipex=True)
+    model = nn.Sequential(nn.EmbeddingBag(50, 8, mode="sum", sparse=True), nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    _steps(model, optimizer, torch.randint(0, 50, (4, 3)), torch.tensor([0, 1, 2, 3]), 2)
+    plan = training.plans[model]
+    assert not plan.ipex and plan.stock is None
+    assert any("IPEX not used: EmbeddingBag(sparse=True) makes sparse gradients" in note for note in plan.notes)
+    nanopatch.unpatch_torch()
     assert "forward" not in model.__dict__
 
 

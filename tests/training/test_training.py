@@ -550,15 +550,52 @@ def test_lbfgs_runs_stock(caplog):
     assert any("runs stock" in r.getMessage() and "LBFGS" in r.getMessage() for r in caplog.records)
 
 
-def test_sparse_gradients_run_stock():
+class SparseRecommender(nn.Module):
+    """A recommender's shape: a sparse embedding bag (its gradients are sparse tensors) and an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(50, 8, mode="sum", sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.embed(ids)).squeeze(1)
+
+
+@pytest.mark.parametrize("groups", ["one", "two"])
+def test_a_model_with_sparse_gradients_is_accelerated_with_torchs_step_for_them(groups):
+    """A model with an ``Embedding(sparse=True)`` ran stock whole; it is accelerated now, and an
+    optimizer group whose parameters get sparse gradients goes back to torch's default step at
+    its first step (the fused one raises on them): the other groups keep the fast one."""
+    g = torch.Generator().manual_seed(0)
+    ids, target = torch.randint(0, 50, (16, 3), generator=g), torch.randn(16, generator=g)
     with nanopatch.patched(bf16=True, **NATIVE):
-        model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = SparseRecommender()
+        params = (
+            model.parameters()
+            if groups == "one"
+            else [{"params": model.embed.parameters()}, {"params": model.mlp.parameters()}]
+        )
+        optimizer = torch.optim.SGD(params, lr=0.1)
         model.train()
-        out = model(torch.tensor([[1, 2]]))
-        out.sum().backward()
-        optimizer.step()
-        assert "sparse" in plan_of(model).stock
+        for _ in range(3):
+            optimizer.zero_grad()
+            F.mse_loss(model(ids), target).backward()
+            assert model.embed.weight.grad.is_sparse
+            optimizer.step()
+        plan = plan_of(model)
+        assert plan.stock is None and plan.installed
+        assert optimizer.param_groups[0].get("fused") is None and optimizer.param_groups[0].get("foreach") is None
+        fast = [note for note in plan.notes if note.startswith("SGD: ")]
+        if groups == "one":
+            assert fast == []
+        elif fast:  # this torch has a fast step for SGD: the dense group keeps it
+            flag = fast[0].split()[1]
+            assert fast == [f"SGD: {flag} step but for its groups with sparse gradients"]
+            assert optimizer.param_groups[1][flag] is True
+        state = optimizer.state_dict()
+    assert all(group.get("fused") is None and group.get("foreach") is None for group in state["param_groups"])
+    assert all(group.get("fused") is None and group.get("foreach") is None for group in optimizer.param_groups)
 
 
 def test_a_failing_setup_leaves_the_model_stock(monkeypatch):

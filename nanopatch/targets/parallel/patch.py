@@ -444,7 +444,7 @@ def _average_uncovered(optimizer: Any, first: bool) -> None:
                 dist.broadcast(p.data, src=0)
     world = world_size()
     for p in params:
-        if p.grad is not None and not p.grad.is_sparse:
+        if p.grad is not None:  # sparse ones too (an Embedding(sparse=True)): gloo sums them in place
             dist.all_reduce(p.grad)
             p.grad.div_(world)
 

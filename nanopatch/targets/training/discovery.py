@@ -136,9 +136,6 @@ def _stock_reason(module: nn.Module, optimizer: torch.optim.Optimizer) -> str | 
     first = next(module.parameters(), None)
     if first is not None and first.device.type != "cpu":
         return f"its parameters are on {first.device.type}"
-    for sub in module.modules():
-        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
-            return f"{_name(sub)}(sparse=True) makes sparse gradients"
     return None
 
 
@@ -449,10 +446,20 @@ def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, b
 
 
 def _fast_step(plan: Plan, optimizer: Any) -> None:
-    flag = optim.use_fast_step(optimizer)
+    name, said = type(optimizer).__name__, {}
+
+    def on_sparse(left: int) -> None:  # a group got sparse gradients: torch's default step for it
+        with lock:
+            old = said.get("note")
+            now = f"{name}: {flag} step but for its groups with sparse gradients" if left else None
+            plan.notes[:] = [now if n == old else n for n in plan.notes if n != old or now is not None]
+            said["note"] = now
+
+    flag = optim.use_fast_step(optimizer, on_sparse)
     if flag is not None:
+        said["note"] = f"{name}: {flag} step"
         plan.fast_steps.append(weakref.ref(optimizer))
-        plan.notes.append(f"{type(optimizer).__name__}: {flag} step")
+        plan.notes.append(said["note"])
 
 
 def uninstall(module: nn.Module, plan: Plan) -> None:

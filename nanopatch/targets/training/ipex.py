@@ -71,6 +71,9 @@ def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType
     """Why IPEX should not optimize this pair (for bf16 when ``bf16``), or None when it can."""
     if type(optimizer) not in fusable_optimizers(ipex):
         return f"IPEX cannot fuse {type(optimizer).__name__} on CPU"
+    for sub in model.modules():
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+            return f"{type(sub).__name__}(sparse=True) makes sparse gradients, which IPEX's fused steps do not take"
     model_params = {id(p) for p in model.parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from nanopatch.foundation.log import log_once
+
 from . import selfcheck
 from .plan import context
 
@@ -63,11 +65,13 @@ def _eligible(group: dict, flag: str) -> bool:
     )
 
 
-def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
+def use_fast_step(optimizer: torch.optim.Optimizer, on_sparse: Any = None) -> str | None:
     """Switch the optimizer's unset step flags to its fastest native path; returns the flag
     set ("fused"/"foreach") or None when nothing changed. The change (flags and the two
     state-dict hooks) is an entry of the patch engine's journal: undone at unpatch, or by
-    :func:`restore_step`."""
+    :func:`restore_step`. A group whose parameters turn out to get sparse gradients goes back to
+    torch's default step at its first step (:class:`_SparseGuard`), and ``on_sparse(left)`` is
+    called, ``left`` the number of groups still on the fast path."""
     flag = choose_flag(optimizer)
     if flag is None or optimizer in _fast:
         return None
@@ -76,10 +80,11 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
         return None
     for i in changed:
         optimizer.param_groups[i][flag] = True
-    handles = (
+    handles = [
         optimizer.register_state_dict_post_hook(_stock_flags),
         optimizer.register_load_state_dict_post_hook(_reapply),
-    )
+    ]
+    handles.append(optimizer.register_step_pre_hook(_SparseGuard(optimizer, flag, changed, handles, on_sparse)))
     ref = weakref.ref(optimizer)
 
     def undo() -> None:
@@ -97,6 +102,46 @@ def use_fast_step(optimizer: torch.optim.Optimizer) -> str | None:
     entry = context().on_undo(undo, where, owner=optimizer)
     _fast[optimizer] = (flag, changed, entry)
     return flag
+
+
+class _SparseGuard:
+    """A step pre-hook: a group whose parameters get sparse gradients (an
+    ``Embedding(sparse=True)``, ``F.embedding(..., sparse=True)``) goes back to torch's default
+    step before it runs, which takes them (a fused step raises on them). Each parameter is looked
+    at once, at the first step it has a gradient; the hook removes itself once all have been."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, flag: str, changed: list[int], handles: list, on_sparse: Any
+    ) -> None:
+        self.flag, self.changed, self.handles, self.on_sparse = flag, changed, handles, on_sparse
+        self.unseen = {id(p): i for i in changed for p in optimizer.param_groups[i]["params"]}
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for i in list(self.changed):
+            if i >= len(optimizer.param_groups):
+                continue
+            group = optimizer.param_groups[i]
+            for p in group["params"]:
+                if id(p) not in self.unseen or p.grad is None:
+                    continue
+                del self.unseen[id(p)]
+                if p.grad.layout != torch.strided:
+                    group[self.flag] = None
+                    self.changed.remove(i)
+                    for q in group["params"]:
+                        self.unseen.pop(id(q), None)
+                    log_once(
+                        "sparse-step",
+                        "%s: a parameter group gets sparse gradients: torch's default step for it, not the %s one",
+                        type(optimizer).__name__,
+                        self.flag,
+                        about=optimizer,
+                    )
+                    if self.on_sparse is not None:
+                        self.on_sparse(len(self.changed))
+                    break
+        if not self.unseen:
+            self.handles[-1].remove()
 
 
 def restore_step(optimizer: torch.optim.Optimizer) -> None:
