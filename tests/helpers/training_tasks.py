@@ -134,3 +134,19 @@ def train_and_score(data, epochs=5, make_model=None, make_optimizer=None) -> flo
     model.eval()
     with torch.no_grad():
         return (model(x_test).argmax(1) == y_test).float().mean().item() * 100
+
+
+class LeNet(nn.Module):
+    """The classic: ``x.view(-1, 16 * 5 * 5)`` after the convolutions, which channels-last
+    strides do not allow (``view`` cannot flatten channels with rows; ``reshape`` copies)."""
+
+    def __init__(self, views_in_eval_only: bool = False) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 6, 5), nn.Conv2d(6, 16, 5)
+        self.f1, self.f2 = nn.Linear(16 * 5 * 5, 32), nn.Linear(32, 4)
+        self.views_in_eval_only = views_in_eval_only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.c2(F.max_pool2d(F.relu(self.c1(x)), 2))), 2)
+        x = x.reshape(-1, 16 * 5 * 5) if self.training and self.views_in_eval_only else x.view(-1, 16 * 5 * 5)
+        return self.f2(F.relu(self.f1(x)))

@@ -22,7 +22,7 @@ from nanopatch.learning import Tolerance
 
 from conftest import AUTO_COMPUTE
 from helpers.learning_oracle import framework, gradients_after, learns_as_stock, relative_difference, seed_everything
-from helpers.training_tasks import STEPS, ResidualMLP, TransformerLM, lm_batches, lm_loss, loop
+from helpers.training_tasks import STEPS, LeNet, ResidualMLP, TransformerLM, lm_batches, lm_loss, loop
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +121,25 @@ def test_convolutions_with_biases_before_batch_norms_learn_as_stock():
     outcome = learns_as_stock(train, min_steps=STEPS)
     stock_moved = set().union(*(s.updated for s in outcome.stock))
     assert {"0.bias", "3.bias"} - stock_moved  # the case itself: stock leaves a bias where it was
+
+
+def test_a_lenet_that_flattens_with_view_learns_as_stock():
+    """``x.view(-1, 16 * 5 * 5)`` after the convolutions raised under channels-last at the first
+    call; now the first calls copy where the view cannot and the model goes on in stock's layout
+    (tests/training/test_training.py has the mechanics)."""
+    batches = image_batches(n=4, batch=16, classes=4)
+
+    def train():
+        model = LeNet()
+        loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+            batches,
+            lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+        )
+
+    outcome = learns_as_stock(train, {"channels_last": True}, min_steps=STEPS)
+    assert any("channels-last off: its forward views" in note for m in outcome.models for note in m.get("notes", []))
 
 
 class Generator(nn.Module):

@@ -22,6 +22,8 @@ from nanopatch.foundation import cpu
 from nanopatch.targets.training import amp, discovery
 from nanopatch.targets.training import patch as training
 
+from helpers.training_tasks import LeNet
+
 torchvision = pytest.importorskip("torchvision")
 
 NATIVE = {"ipex": False}  # the native path; the IPEX path has its own tests
@@ -776,3 +778,113 @@ def test_real_compile_matches_eager():
         assert plan_of(model).compiled is not None
         assert plan_of(model).compile_mode == "default"
     torch.testing.assert_close(out, nn.Sequential.forward(reference, x), rtol=1e-5, atol=1e-5)
+
+
+# --- code that nanopatch's changes would make fail (rescue.py) -----------------------------
+
+
+def _lenet_steps(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, calls: int = 1) -> None:
+    g = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        for _ in range(calls):
+            F.cross_entropy(
+                model(torch.randn(8, 3, 32, 32, generator=g)), torch.randint(0, 4, (8,), generator=g)
+            ).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("calls", [1, 2], ids=["one-call-a-step", "two-calls-before-the-first-step"])
+def test_a_view_that_channels_last_strides_do_not_allow_turns_channels_last_off(calls):
+    """It raised at the model's first call (the LeNet of countless scripts; torchvision's Keypoint
+    R-CNN loss). The first calls run with the view copying; the first step lays the weights,
+    gradients and momentum out as stock's again, and the model trains on in stock's layout."""
+    with nanopatch.patched(channels_last=True, **NATIVE):
+        model = LeNet()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        _lenet_steps(model, optimizer, 1, calls)
+        plan = plan_of(model)
+        assert plan.stock is None and plan.rank is None and plan.layout is None
+        assert model.c1.weight.is_contiguous() and optimizer.state[model.c1.weight]["momentum_buffer"].is_contiguous()
+        assert any(
+            note.startswith("channels-last off: its forward views a convolution's output") for note in plan.notes
+        )
+        _lenet_steps(model, optimizer, 3, calls)
+        status = nanopatch.status()["targets"]["training"]["details"][-1]
+        assert status["channels_last"] is False and status["channels_last_measured"].startswith(
+            "off: its forward views"
+        )
+
+
+def test_a_view_that_fails_only_in_eval_is_rescued_there():
+    """A later call (validation) meets the failing view: it runs again with the view copying,
+    and channels-last goes off at the next step."""
+    with nanopatch.patched(channels_last=True, **NATIVE):
+        model = LeNet(views_in_eval_only=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        _lenet_steps(model, optimizer, 2)
+        assert plan_of(model).rank is not None and not model.c1.weight.is_contiguous()  # channels-last trains
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.randn(8, 3, 32, 32))
+        assert out.shape == (8, 4) and out.dtype == torch.float32
+        _lenet_steps(model, optimizer, 1)
+        assert plan_of(model).rank is None and model.c1.weight.is_contiguous()
+
+
+class HandMixedDtypes(nn.Module):
+    """A router written for fp32 alone: each expert's output, scaled by its weight, is
+    ``index_add_``-ed into an fp32 tensor (under bf16 autocast the products are bf16)."""
+
+    def __init__(self, width: int = 16, experts: int = 3) -> None:
+        super().__init__()
+        self.route = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(experts))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        choice = self.route(x).argmax(-1)
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        for i, expert in enumerate(self.experts):
+            rows = (choice == i).nonzero().squeeze(1)
+            out.index_add_(0, rows, expert(x[rows]))
+        return self.head(out + x)
+
+
+def test_a_forward_that_mixes_dtypes_by_hand_runs_and_turns_bf16_off():
+    """It raised under bf16 autocast at the model's first call; the failing op runs again in
+    fp32 and the model computes in fp32 from its next call, with a note saying why."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 16, generator=g), torch.randint(0, 2, (32,), generator=g)
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = HandMixedDtypes()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model.train()
+        for _ in range(3):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        plan = plan_of(model)
+        assert plan.stock is None and plan.amp_dtype is None
+        assert plan.bf16_failed is not None and "same scalar type" in plan.bf16_failed
+        assert any(note.startswith("bf16 autocast off: its forward fails under it") for note in plan.notes)
+
+
+def test_an_error_of_the_models_own_is_raised_as_stock_raises_it():
+    """The rescue cures only what nanopatch's changes make fail: any other error comes out."""
+
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x).view(3, 7)  # no layout gives 3 x 7
+
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        model = Broken()
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        with pytest.raises(RuntimeError, match="is invalid for input of size"):
+            model(torch.randn(2, 3, 8, 8))

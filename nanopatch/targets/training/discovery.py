@@ -36,7 +36,7 @@ from torch import nn
 from nanopatch.engine import config as config_mod
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import compile_choice, dropout, frozen, ipex, optim, selfcheck
+from . import compile_choice, dropout, frozen, ipex, optim, rescue, selfcheck
 from . import forward as fw
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, lock, plans, tls, trial_for
@@ -650,7 +650,9 @@ def _discover_pre(module: nn.Module, args: tuple) -> tuple | None:
     if ddp is not None:
         parallel.pre_forward(ddp)
     probe = fw.Probe().__enter__()
-    tls("calls", []).append((module, context, dtype, plan, ddp, probe))
+    # this call cannot be made again: ops that fail for nanopatch's changes are cured as they run
+    guard = rescue.Rescue().__enter__() if (dtype is not None or rank is not None) and not plan.ipex else None
+    tls("calls", []).append((module, context, dtype, plan, ddp, probe, guard))
     with lock:
         search.inflight += 1
     return args
@@ -692,7 +694,9 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
     calls = tls("calls", [])
     if not calls or calls[-1][0] is not module:
         return None
-    _, context, dtype, plan, ddp, probe = calls.pop()
+    _, context, dtype, plan, ddp, probe, guard = calls.pop()
+    if guard is not None:
+        guard.__exit__(None, None, None)
     # When the forward raised, torch runs this hook while iterating its global hook dict itself
     # (its normal path iterates a copy): removing a hook now would replace the user's exception
     # with "OrderedDict mutated during iteration". The removals wait for the next safe point.
@@ -715,6 +719,8 @@ def _discover_post(module: nn.Module, args: tuple, result: Any) -> Any:
         result = data_parallel().post_forward(ddp, result)
     if module.training and torch.is_grad_enabled() and not handling:  # a call that raised is not observed
         fw.observe(plan, probe, dtype)
+    if guard is not None and not handling:
+        fw.rescued(module, plan, guard)
     if context is None or result is None:
         return result if ddp is not None else None
     return fw.finish(module, plan, result, dtype)
@@ -773,6 +779,8 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
             if watch is not None and watch.plans:
                 _check_running(optimizer, watch)
                 for plan in (ref() for ref in watch.plans):
+                    if plan is not None and plan.layout_unsafe is not None and plan.rank is not None:
+                        _layout_off_unsafe(plan)
                     if plan is not None and plan.trial is not None:
                         plan.trial.on_step(plan)
                         if plan.trial is None and plan.ddp_later is not None:
@@ -781,6 +789,31 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
                         plan.compile_trial.on_step(plan)  # after the bf16 trial: it measures eager steps
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
+
+
+def _layout_off_unsafe(plan: Plan) -> None:
+    """Channels-last off for a model whose forward failed in it (:mod:`.rescue`): its weights,
+    their gradients and the optimizer's state in stock's layout again, its DDP buckets with
+    them; a layout trial measures bf16 alone from here. Where the switch fails, the calls keep
+    going through the rescue."""
+    module = next((m for m, p in list(plans.items()) if p is plan), None)
+    if module is None:
+        return
+    wrapper = module if isinstance(module, nn.parallel.DistributedDataParallel) else plan.ddp
+    try:
+        _relayout(inner(module), plan.rank, wrapper)(False)
+    except Exception as exc:
+        logger.warning("%s: channels-last could not be switched off (%s); views keep copying", plan.name, exc)
+        return  # the rescue stays on for its calls
+    trial = plan.trial
+    if trial is not None and trial.relayout is not None:
+        trial.out.update(mode for mode in trial.modes if mode[1])
+        trial.mode = (trial.mode[0], False)
+        trial.relayout = None
+    plan.layout_off()
+    plan.layout_measured = f"off: {plan.layout_unsafe}"
+    plan.notes.append(f"channels-last off: {plan.layout_unsafe}")
+    logger.info("%s: %s", plan.name, plan.notes[-1])
 
 
 def _wrap_now(plan: Plan) -> None:

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 from nanopatch import engine
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import activations, amp, compiled_masks, dropout, frozen, loss
+from . import activations, amp, compiled_masks, dropout, frozen, loss, rescue
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, tls
 
@@ -100,11 +100,17 @@ class AcceleratedForward(_InstanceForward):
         losses = tls("logit_losses", 0) if training else 0
         products = tls("attention_products", 0) if training else 0
         with probe if probe is not None else _nothing, masks:
-            if dtype is None:
-                out = forward(*args, **kwargs)
-            else:
-                with ours(dtype), _cast_once(plan):
-                    out = forward(*args, **kwargs)
+            # channels-last the model's code failed on: views copy until the next step relays it out
+            guard = rescue.Rescue() if plan.layout_unsafe is not None and rank is not None else None
+            try:
+                out = _call(plan, forward, args, kwargs, dtype, guard)
+            except Exception:
+                if guard is not None or plan.ipex or (dtype is None and rank is None):
+                    raise  # nothing of nanopatch's to take back (IPEX's bf16 weights need autocast)
+                guard = rescue.Rescue()  # again, each op that fails for nanopatch's changes cured
+                out = _call(plan, forward, args, kwargs, dtype, guard)
+            if guard is not None:
+                rescued(module, plan, guard)
         if training:
             observe(plan, probe, dtype)
             if compiled and plan.compiled is not None:  # ran compiled (a failure clears plan.compiled)
@@ -250,6 +256,42 @@ def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:
     if not module.training and not plan.amp_eval and not plan.ipex:
         return None  # an IPEX bf16 model has bf16 weights: it needs autocast in eval too
     return plan.amp_dtype
+
+
+def _call(plan: Plan, forward: Any, args: tuple, kwargs: dict, dtype: torch.dtype | None, guard: Any) -> Any:
+    with guard if guard is not None else _nothing:
+        if dtype is None:
+            return forward(*args, **kwargs)
+        with ours(dtype), _cast_once(plan):
+            return forward(*args, **kwargs)
+
+
+def rescued(module: nn.Module, plan: Plan, guard: rescue.Rescue) -> None:
+    """After a call under :class:`.rescue.Rescue`: what failed in it is off for the model, bf16
+    from its next call, channels-last from its next optimizer step (the search's step hook lays
+    the weights out again); the model's notes and the log say why."""
+    if guard.dtype_failed is not None and plan.bf16_failed is None and not plan.ipex:
+        why = f"its forward fails under it ({guard.dtype_failed})"
+        # A bf16 trial goes on to its end (its ranks in step; its bf16 steps now run in fp32)
+        # and decides the layout alone.
+        plan.bf16_off()
+        plan.bf16_failed = why
+        plan.bf16_measured = f"off: {why}"
+        plan.notes.append(f"bf16 autocast off: {why}")
+        log_once("rescue-bf16", "%s: bf16 autocast off: %s", plan.name, why, level=logging.WARNING, about=module)
+    if guard.view_failed is not None and plan.layout_unsafe is None and plan.rank is not None:
+        plan.layout_unsafe = (
+            f"its forward views a convolution's output as stock's layout ({guard.view_failed}), "
+            "which channels-last strides do not allow"
+        )
+        log_once(
+            "rescue-layout",
+            "%s: channels-last off from its next step: %s",
+            plan.name,
+            plan.layout_unsafe,
+            level=logging.WARNING,
+            about=module,
+        )
 
 
 def finish(module: nn.Module, plan: Plan, out: Any, dtype: torch.dtype) -> Any:

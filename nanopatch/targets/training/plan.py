@@ -128,6 +128,8 @@ class Plan:
     compile_choice: str | None = None  # compile="auto"'s decision and its figures, once made
     masks: bool = False  # its training forward may draw dropout masks fast (decided at pairing)
     bf16_measured: str | None = None  # the bf16 trial's decision, once made
+    bf16_failed: str | None = None  # why bf16 autocast is off for good: the forward failed under it
+    layout_unsafe: str | None = None  # why channels-last goes off at the next step: the forward failed in it
     stock: str | None = None  # why this model runs stock, if it does
     optimizers: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -179,7 +181,11 @@ class Plan:
             "autocast": self.seen.autocast,
             "fast_dropout": self.seen.fast_dropout,
             "dropout_words": self._dropout_words() if self.seen.fast_dropout else None,
-            "bf16_measured": "measuring" if self.trial is not None and self.trial.measures_bf16 else self.bf16_measured,
+            "bf16_measured": (
+                "measuring"
+                if self.trial is not None and self.trial.measures_bf16 and self.bf16_failed is None
+                else self.bf16_measured
+            ),
             "compile_choice": self._compile_state(),
             "frozen_weights": self._frozen_weights(),
         }
@@ -475,10 +481,10 @@ class Trial:
     def _decide(self, plan: Plan) -> None:
         chosen = self._tied()[0]
         fastest = self._fastest()
-        counts = "/".join(map(str, sorted({len(v) for v in self.times.values()})))
+        counts = "/".join(map(str, sorted({len(v) for v in self.times.values() if v})))
         noise = self._noise()
         plan.trial = None
-        if self.measures_bf16:
+        if self.measures_bf16 and plan.bf16_failed is None:  # (failed: its bf16 steps ran in fp32)
             bf16, fp32 = fastest[(True, chosen[1])], fastest[(False, chosen[1])]
             if not chosen[0]:
                 plan.bf16_off()
