@@ -341,8 +341,15 @@ def time_both(query, key, value, attn_mask, is_causal: bool, scale: float | None
     best = {fused: float("inf"), products: float("inf")}
     try:
         # the timing's own graph: not the run's backward passes, and its saved tensors kept as they
-        # are (inside activation checkpointing's forward, its hooks would take them for the replay)
-        with learning.internal(), torch.enable_grad(), amp.outside_autocast(), _own_saved_tensors():
+        # are (inside activation checkpointing's forward, its hooks would take them for the replay);
+        # no function mode of the call's (the first call's rescue.Rescue) costs either side time
+        with (
+            learning.internal(),
+            torch.enable_grad(),
+            amp.outside_autocast(),
+            _own_saved_tensors(),
+            torch._C.DisableTorchFunction(),
+        ):
             start = time.perf_counter()
             fused()
             products()  # first use: the kernels' set-up, fresh memory
