@@ -138,7 +138,9 @@ def test_a_lenet_that_flattens_with_view_learns_as_stock():
             lambda m, b: F.cross_entropy(m(b[0]), b[1]),
         )
 
-    outcome = learns_as_stock(train, {"channels_last": True}, min_steps=STEPS)
+    # the native path: IPEX lays a model's weights out itself, which the rescue does not take back
+    # (under IPEX such a view still raises; see docs/what-is-patched.md)
+    outcome = learns_as_stock(train, {"channels_last": True, "ipex": False}, min_steps=STEPS)
     assert any("channels-last off: its forward views" in note for m in outcome.models for note in m.get("notes", []))
 
 
