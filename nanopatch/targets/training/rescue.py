@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import amp
+
 #: the view ops that channels-last strides make fail, and what does them by copying
 _VIEWS = {torch.Tensor.view: torch.Tensor.reshape}
 _VIEW_ERROR = "view size is not compatible with input tensor's size and stride"
@@ -81,17 +83,6 @@ def _has_bf16(value: Any) -> bool:
     return False
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` with its bf16 tensors (in lists, tuples and dicts too) in ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.dtype == torch.bfloat16 else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype) for v in value) if not hasattr(value, "_fields") else value
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return value
-
-
 def _in_fp32(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func`` again with its bf16 tensors in fp32, outside autocast; an in-place op (its name
     ends in ``_``, or ``__setitem__``) keeps its own tensor and gets the others in its dtype."""
@@ -102,7 +93,7 @@ def _in_fp32(func: Any, args: tuple, kwargs: dict) -> Any:
             target = args[0]
             rest = [_to(v, target.dtype) for v in args[1:]]
             return func(target, *rest, **{k: _to(v, target.dtype) for k, v in kwargs.items()})
-        return func(*_cast(args, torch.float32), **_cast(kwargs, torch.float32))
+        return func(*amp.to_fp32(args), **amp.to_fp32(kwargs))  # (Uncastable: the first error stands)
 
 
 def _to(value: Any, dtype: torch.dtype) -> Any:
