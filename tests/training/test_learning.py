@@ -144,6 +144,50 @@ def test_a_lenet_that_flattens_with_view_learns_as_stock():
     assert any("channels-last off: its forward views" in note for m in outcome.models for note in m.get("notes", []))
 
 
+class ScaledMatmul(torch.autograd.Function):
+    """A custom Function without ``torch.amp.custom_bwd`` whose backward mixes its gradient (bf16
+    under autocast) with its fp32 weight: it raised in ``loss.backward()`` under bf16."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return (x @ w) * 0.5
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        return (grad @ w.T) * 0.5, (x.T @ grad) * 0.5
+
+
+class FunctionMLP(nn.Module):
+    def __init__(self, width: int = 32, classes: int = 4) -> None:
+        super().__init__()
+        self.inner = nn.Linear(16, width)
+        self.w = nn.Parameter(torch.randn(width, width) * 0.2)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(ScaledMatmul.apply(torch.relu(self.inner(x)), self.w)))
+
+
+def test_a_custom_function_whose_backward_mixes_dtypes_learns_as_stock():
+    """In bf16 (asked for: it is what meets the Function's backward) the failing backward ops run
+    in fp32 and every parameter, the Function's weight included, learns as stock's
+    (tests/training/test_training.py has the mechanics)."""
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)) for _ in range(4)]
+
+    def train():
+        model = FunctionMLP()
+        loop(
+            model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches, lambda m, b: F.cross_entropy(m(b[0]), b[1])
+        )
+
+    outcome = learns_as_stock(train, {"bf16": True, "ipex": False}, min_steps=STEPS)
+    assert "w" in outcome.patched[-1].grads
+    assert any("custom autograd Function ScaledMatmul" in note for m in outcome.models for note in m.get("notes", []))
+
+
 class Generator(nn.Module):
     def __init__(self, z: int = 16, width: int = 32) -> None:
         super().__init__()

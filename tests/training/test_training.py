@@ -871,6 +871,113 @@ def test_a_forward_that_mixes_dtypes_by_hand_runs_and_turns_bf16_off():
         assert any(note.startswith("bf16 autocast off: its forward fails under it") for note in plan.notes)
 
 
+class HandMixedMatmul(torch.autograd.Function):
+    """``x @ w`` written as a Function without ``torch.amp.custom_bwd``: under bf16 autocast
+    its forward computes in bf16 and its backward gets a bf16 gradient beside the fp32 ``w``."""
+
+    backwards = 0  # how many times its backward ran
+    forward_dtypes: list[torch.dtype] = []
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        out = x @ w
+        HandMixedMatmul.forward_dtypes.append(out.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        HandMixedMatmul.backwards += 1
+        x, w = ctx.saved_tensors
+        return grad @ w.T, x.T @ grad
+
+
+class WithAFunction(nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.w = nn.Parameter(torch.randn(width, width) * 0.2)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(HandMixedMatmul.apply(torch.relu(self.inner(x)), self.w)))
+
+
+def _train_with_a_function(steps: int) -> tuple[nn.Module, list[float]]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 16, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model = WithAFunction()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_a_custom_functions_backward_that_mixes_dtypes_runs_its_failing_ops_in_fp32(monkeypatch):
+    """Its backward raised in ``loss.backward()`` (a bf16 gradient beside an fp32 weight); it
+    runs again with the failing op in fp32, its later backwards so from the start, and the model
+    keeps computing in bf16 (its Function's forward too), with a note saying so."""
+    monkeypatch.setattr(HandMixedMatmul, "forward_dtypes", [])
+    _, stock = _train_with_a_function(4)
+    assert HandMixedMatmul.forward_dtypes == [torch.float32] * 4
+    with nanopatch.patched(bf16=True, **NATIVE):
+        monkeypatch.setattr(HandMixedMatmul, "backwards", 0)
+        monkeypatch.setattr(HandMixedMatmul, "forward_dtypes", [])
+        model, patched = _train_with_a_function(4)
+        plan = plan_of(model)
+        assert plan.amp_dtype == torch.bfloat16 and plan.stock is None
+        assert HandMixedMatmul.forward_dtypes == [torch.bfloat16] * 4
+        assert HandMixedMatmul.backwards == 5  # the first backward twice (failed, then rescued), then once each
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+        (note,) = (n for n in plan.notes if n.startswith("custom autograd Function"))
+        assert "HandMixedMatmul" in note and "same dtype" in note and "run in fp32" in note
+    assert patched == pytest.approx(stock, rel=2e-2)
+
+
+def test_a_custom_functions_own_backward_error_is_raised_as_stock_raises_it():
+    """Only a dtype error the rescue cures is cured; a backward's own errors come out as they were,
+    under nanopatch as stock, and with no model in bf16 the backward runs as it is."""
+
+    class Broken(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor):
+            raise RuntimeError("no backward here: expected dtype float")
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Broken.apply(self.fc(x))
+
+    for options in ({"bf16": True}, {"bf16": False}):
+        with nanopatch.patched(**options, **NATIVE):
+            model = Model()
+            torch.optim.SGD(model.parameters(), lr=0.1)
+            model.train()
+            with pytest.raises(RuntimeError, match="no backward here"):
+                model(torch.randn(3, 4)).sum().backward()
+
+
+def test_the_backward_wrapper_is_undone_exactly():
+    original = torch.autograd.function.BackwardCFunction.__dict__["apply"]
+    with nanopatch.patched(bf16=True, **NATIVE):
+        assert torch.autograd.function.BackwardCFunction.__dict__["apply"] is not original
+    assert torch.autograd.function.BackwardCFunction.__dict__["apply"] is original
+
+
 def test_an_error_of_the_models_own_is_raised_as_stock_raises_it():
     """The rescue cures only what nanopatch's changes make fail: any other error comes out."""
 

@@ -29,7 +29,7 @@ from nanopatch.foundation.log import log_once
 from nanopatch.runtime import malloc
 from nanopatch.runtime import tuning as runtime
 
-from . import attention, discovery, dropout, loss, replay, selfcheck
+from . import attention, backward, discovery, dropout, loss, replay, selfcheck
 from . import forward as fw
 from .plan import lock, plans, state
 
@@ -66,6 +66,8 @@ def _patch(ctx: engine.Context) -> None:
     ctx.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     ctx.wrap(nn.Module, "__getstate__", fw.module_getstate)
     ctx.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    # a custom autograd Function's backward that fails on the bf16 its forward computed
+    ctx.wrap(torch.autograd.function.BackwardCFunction, "apply", backward.apply)
     if hasattr(F, "_in_projection_packed"):
         ctx.wrap(F, "_in_projection_packed", attention.in_projection_packed)
     if runtime.run_cpus() is not None:
@@ -124,6 +126,7 @@ def _unpatch() -> None:
             if not plan.ipex:
                 del plans[model]
         discovery.reset()
+        backward.forget()
 
 
 def release_data_parallel() -> None:

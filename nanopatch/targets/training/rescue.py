@@ -69,6 +69,11 @@ class Rescue(TorchFunctionMode):
             raise
 
 
+def dtype_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is how torch's kernels say two tensors' dtypes differ."""
+    return bool(_DTYPE_ERROR.search(str(exc)))
+
+
 def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
