@@ -527,6 +527,42 @@ def test_a_cpu_without_native_bf16_trains_in_fp32_and_says_why(machine):
         assert described["bf16"] is False and described["channels_last"] == "channels_last"
 
 
+class LowPrecision(nn.Module):
+    """A body the script cast to ``dtype``, and a head in ``head`` (fp32: an adapter's place)."""
+
+    def __init__(self, dtype: torch.dtype, head: torch.dtype) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16)).to(dtype)
+        self.head = nn.Linear(16, 4).to(head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x.to(self.body[0].weight.dtype)).to(self.head.weight.dtype))
+
+
+@pytest.mark.parametrize("weights", ["bf16", "bf16-base-fp32-head", "fp16"])
+def test_a_model_the_script_gave_low_precision_weights_computes_as_it_is(weights):
+    """``model.to(torch.bfloat16)`` (or a bf16 base with an fp32 head): stock's outputs are bf16
+    and its layer norm computes in bf16. Under autocast they were fp32 (an ``assert out.dtype ==
+    torch.bfloat16`` failed); now autocast stays off for it, with a note."""
+    dtype = torch.float16 if weights == "fp16" else torch.bfloat16
+    head = torch.float32 if weights == "bf16-base-fp32-head" else dtype
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    stock_model = LowPrecision(dtype, head)
+    stock_norm = Probe(stock_model.body[1])
+    stock = stock_model(x)
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = LowPrecision(dtype, head)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        norm = Probe(model.body[1])
+        out, _ = train_steps(model, optimizer, x, y, loss_fn=lambda o, t: F.cross_entropy(o.float(), t))
+        plan = plan_of(model)
+        assert plan is not None and plan.stock is None and plan.amp_dtype is None
+        assert out.dtype == stock.dtype == head and norm.last() == stock_norm.last() == dtype
+        (note,) = (n for n in plan.notes if n.startswith("bf16 autocast off"))
+        assert "low-precision weights" in note and str(dtype).removeprefix("torch.") in note
+
+
 # --- fallbacks ------------------------------------------------------------------------
 
 

@@ -36,7 +36,7 @@ from torch import nn
 from nanopatch.engine import config as config_mod
 from nanopatch.foundation.log import log_once, warn_once
 
-from . import compile_choice, dropout, frozen, ipex, optim, rescue, selfcheck
+from . import amp, compile_choice, dropout, frozen, ipex, optim, rescue, selfcheck
 from . import forward as fw
 from . import memory_format as mf
 from .plan import Plan, compiling, config, context, data_parallel, local, lock, plans, tls, trial_for
@@ -222,7 +222,8 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
 
 
 def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, cfg: Any) -> None:
-    bf16 = bool(cfg.bf16)
+    # (IPEX's bf16 weights, where it was applied ahead, are not the script's)
+    bf16 = bool(cfg.bf16) and (optimizer in search.ahead or not _low_precision(module, model, plan))
     planned_rank = mf.channels_last_rank(model) if cfg.channels_last else None
     if not selfcheck.forward_ok(torch.bfloat16 if bf16 else None, planned_rank):
         plan.stock = f"nanopatch's accelerated forward failed its self-check on torch {torch.__version__}"
@@ -421,6 +422,18 @@ def _already(model: nn.Module, rank: int) -> bool:
         if isinstance(sub, (nn.Conv2d, nn.Conv3d)) and isinstance(weight, torch.Tensor) and weight.dim() == rank:
             return weight.is_contiguous(memory_format=fmt) and not weight.is_contiguous()
     return False
+
+
+def _low_precision(module: nn.Module, model: nn.Module, plan: Plan) -> bool:
+    """Whether the script gave the model bf16 or fp16 weights itself: it computes as it is,
+    without nanopatch's autocast (its notes and the log say so)."""
+    why = amp.low_precision_weights(model)
+    if why is None:
+        return False
+    plan.bf16_measured = f"off: {why}"
+    plan.notes.append(f"bf16 autocast off: {why}; it computes in the dtypes the script chose")
+    log_once("low-precision", "%s: %s", plan.name, plan.notes[-1], about=module)
+    return True
 
 
 def _try_ipex(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, bf16: bool) -> None:
