@@ -11,6 +11,7 @@ import logging
 import socket
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1012,6 +1013,43 @@ def test_the_backward_wrapper_is_undone_exactly():
     with nanopatch.patched(bf16=True, **NATIVE):
         assert torch.autograd.function.BackwardCFunction.__dict__["apply"] is not original
     assert torch.autograd.function.BackwardCFunction.__dict__["apply"] is original
+
+
+class HandsToNumpy(nn.Module):
+    """A gate decided in numpy on an intermediate (bf16 under autocast, which numpy lacks)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.score = nn.Linear(16, 1)
+        self.body = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.score(x).squeeze(1).detach()
+        values = s.numpy() if self.how == "numpy()" else np.asarray(s)
+        keep = torch.from_numpy(np.nonzero(values > np.median(values))[0])
+        return self.body(x[keep])
+
+
+@pytest.mark.parametrize("how", ["numpy()", "np.asarray"])
+def test_a_forward_that_hands_an_intermediate_to_numpy_runs_and_turns_bf16_off(how):
+    """``Tensor.numpy()`` of a bf16 intermediate raised TypeError at the first call; it runs again
+    on the fp32 tensor stock has, and the model computes in fp32 from its next call."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 16, generator=g)
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = HandsToNumpy(how)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        for _ in range(3):
+            optimizer.zero_grad()
+            out = model(x)
+            assert out.shape == (16, 2) and out.dtype == torch.float32
+            out.square().mean().backward()
+            optimizer.step()
+        plan = plan_of(model)
+        assert plan.stock is None and plan.amp_dtype is None
+        assert "unsupported ScalarType BFloat16" in plan.bf16_failed
 
 
 def test_an_error_of_the_models_own_is_raised_as_stock_raises_it():

@@ -43,7 +43,7 @@ def apply(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             return wrapped(*args, **kwargs)
     try:
         return wrapped(*args, **kwargs)
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError) as exc:
         if not rescue.dtype_error(exc):
             raise
         guard = rescue.Rescue()

@@ -6,7 +6,9 @@ Two of nanopatch's changes can make code that runs stock raise:
   cannot flatten its channels with its rows (``x.view(-1, 16 * 5 * 5)`` after a convolution,
   the classic LeNet; torchvision's Keypoint R-CNN loss). ``reshape`` can: it copies;
 * **bf16 autocast**: code that mixes dtypes by hand (``out.index_add_(0, idx, expert(x) * w)``
-  into an fp32 ``out``, ``out[idx] = bf16_values``) meets a bf16 result where stock has fp32.
+  into an fp32 ``out``, ``out[idx] = bf16_values``) meets a bf16 result where stock has fp32;
+  code that hands an intermediate to numpy (``scores.detach().numpy()``) meets a dtype numpy
+  does not have.
 
 :class:`Rescue` is a function mode around one call of the model: an op that raises for one of
 those reasons runs again the way that works (the view as a ``reshape``; the op with its bf16
@@ -36,6 +38,8 @@ from . import amp
 _VIEWS = {torch.Tensor.view: torch.Tensor.reshape}
 _VIEW_ERROR = "view size is not compatible with input tensor's size and stride"
 #: how torch's kernels say two tensors' dtypes differ
+#: how ``Tensor.numpy()`` (and numpy's ``np.asarray(tensor)``) says numpy has no bf16
+_NUMPY_ERROR = "unsupported ScalarType BFloat16"
 _DTYPE_ERROR = re.compile(r"dtype|scalar type|same type|BFloat16|bfloat16|Half|cast", re.IGNORECASE)
 
 
@@ -53,13 +57,13 @@ class Rescue(TorchFunctionMode):
         kwargs = kwargs or {}
         try:
             return func(*args, **kwargs)
-        except RuntimeError as exc:
+        except (RuntimeError, TypeError) as exc:
             text = str(exc)
-            if func in _VIEWS and _VIEW_ERROR in text:
+            if isinstance(exc, RuntimeError) and func in _VIEWS and _VIEW_ERROR in text:
                 result = _VIEWS[func](*args, **kwargs)
                 self.view_failed = self.view_failed or f"Tensor.{func.__name__}"
                 return result
-            if _DTYPE_ERROR.search(text) and _has_bf16((args, kwargs)):
+            if dtype_error(exc) and _has_bf16((args, kwargs)):
                 try:
                     result = _in_fp32(func, args, kwargs)
                 except Exception:
@@ -70,8 +74,11 @@ class Rescue(TorchFunctionMode):
 
 
 def dtype_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is how torch's kernels say two tensors' dtypes differ."""
-    return bool(_DTYPE_ERROR.search(str(exc)))
+    """Whether ``exc`` is how torch's kernels say two tensors' dtypes differ (a RuntimeError),
+    or how ``Tensor.numpy()`` says numpy has no bf16 (a TypeError)."""
+    if isinstance(exc, TypeError):
+        return _NUMPY_ERROR in str(exc)
+    return isinstance(exc, RuntimeError) and bool(_DTYPE_ERROR.search(str(exc)))
 
 
 def _first_line(exc: BaseException) -> str:
