@@ -20,7 +20,7 @@ from torch import nn
 import nanopatch
 from nanopatch import NanopatchWarning
 from nanopatch.foundation import cpu
-from nanopatch.targets.training import amp, discovery
+from nanopatch.targets.training import amp, discovery, selfcheck
 from nanopatch.targets.training import patch as training
 
 from helpers.training_tasks import LeNet
@@ -528,7 +528,7 @@ def test_a_cpu_without_native_bf16_trains_in_fp32_and_says_why(machine):
         assert described["bf16"] is False and described["channels_last"] == "channels_last"
 
 
-class LowPrecision(nn.Module):
+class ChosenDtypes(nn.Module):
     """A body the script cast to ``dtype``, and a head in ``head`` (fp32: an adapter's place)."""
 
     def __init__(self, dtype: torch.dtype, head: torch.dtype) -> None:
@@ -541,27 +541,37 @@ class LowPrecision(nn.Module):
         return self.head(self.body(x.to(self.body[0].weight.dtype)).to(self.head.weight.dtype))
 
 
-@pytest.mark.parametrize("weights", ["bf16", "bf16-base-fp32-head", "fp16"])
-def test_a_model_the_script_gave_low_precision_weights_computes_as_it_is(weights):
+@pytest.mark.parametrize("weights", ["bf16", "bf16-base-fp32-head", "fp16", "fp64-by-default"])
+def test_a_model_the_script_gave_its_own_weight_dtypes_computes_in_them(weights, monkeypatch):
     """``model.to(torch.bfloat16)`` (or a bf16 base with an fp32 head): stock's outputs are bf16
     and its layer norm computes in bf16. Under autocast they were fp32 (an ``assert out.dtype ==
-    torch.bfloat16`` failed); now autocast stays off for it, with a note."""
-    dtype = torch.float16 if weights == "fp16" else torch.bfloat16
+    torch.bfloat16`` failed); now autocast stays off for it, with a note, and the rest (the fused
+    step) applies. ``torch.set_default_dtype(torch.float64)``: the self-checks, which built their
+    probes in the default dtype, failed and the model ran stock whole; now they probe in fp32."""
+    dtype = {"fp16": torch.float16, "fp64-by-default": torch.float64}.get(weights, torch.bfloat16)
     head = torch.float32 if weights == "bf16-base-fp32-head" else dtype
-    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
-    stock_model = LowPrecision(dtype, head)
-    stock_norm = Probe(stock_model.body[1])
-    stock = stock_model(x)
-    with nanopatch.patched(bf16=True, **NATIVE):
-        model = LowPrecision(dtype, head)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        norm = Probe(model.body[1])
-        out, _ = train_steps(model, optimizer, x, y, loss_fn=lambda o, t: F.cross_entropy(o.float(), t))
-        plan = plan_of(model)
-        assert plan is not None and plan.stock is None and plan.amp_dtype is None
-        assert out.dtype == stock.dtype == head and norm.last() == stock_norm.last() == dtype
-        (note,) = (n for n in plan.notes if n.startswith("bf16 autocast off"))
-        assert "low-precision weights" in note and str(dtype).removeprefix("torch.") in note
+    if weights == "fp64-by-default":
+        monkeypatch.setattr(selfcheck, "_results", {})  # probed afresh under this default
+        torch.set_default_dtype(torch.float64)  # restored in the finally
+    try:
+        x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+        stock_model = ChosenDtypes(dtype, head)
+        stock_norm = Probe(stock_model.body[1])
+        stock = stock_model(x)
+        with nanopatch.patched(bf16=True, **NATIVE):
+            model = ChosenDtypes(dtype, head)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            norm = Probe(model.body[1])
+            out, _ = train_steps(model, optimizer, x, y, loss_fn=lambda o, t: F.cross_entropy(o.float(), t))
+            plan = plan_of(model)
+            assert plan is not None and plan.stock is None and plan.amp_dtype is None
+            assert out.dtype == stock.dtype == head and norm.last() == stock_norm.last() == dtype
+            assert "AdamW: fused step" in plan.notes
+            (note,) = (n for n in plan.notes if n.startswith("bf16 autocast off"))
+            assert "the script chose its weights' dtypes" in note and str(dtype).removeprefix("torch.") in note
+            assert torch.get_default_dtype() == (torch.float64 if weights == "fp64-by-default" else torch.float32)
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 # --- fallbacks ------------------------------------------------------------------------

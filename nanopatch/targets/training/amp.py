@@ -70,23 +70,24 @@ def outside_autocast() -> Any:
     return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
 
 
-def low_precision_weights(model: torch.nn.Module) -> str | None:
-    """Why bf16 autocast has no place in ``model``, or None: a model that holds bf16 or fp16
-    parameters (``model.to(torch.bfloat16)``, a language model loaded in bf16 with fp32
-    adapters beside) computes in the dtypes its script chose. Under autocast its outputs would
-    come back fp32 where stock's are bf16, and autocast's fp32 operators (layer norms, softmax)
-    would compute in fp32 where stock computes in bf16."""
+def chosen_weight_dtypes(model: torch.nn.Module) -> str | None:
+    """Why bf16 autocast has no place in ``model``, or None: a model the script gave bf16, fp16
+    or fp64 parameters (``model.to(torch.bfloat16)``, a language model loaded in bf16 with fp32
+    adapters beside, ``torch.set_default_dtype(torch.float64)``) computes in the dtypes its
+    script chose. Under autocast a bf16 model's outputs would come back fp32 where stock's are
+    bf16, and autocast's fp32 operators (layer norms, softmax) would compute in fp32 where stock
+    computes in bf16; autocast leaves fp64 as it is."""
     counts: dict[torch.dtype, int] = {}
     floating = 0
     for param in model.parameters():
         if param.is_floating_point():
             floating += 1
-            if param.dtype in (torch.bfloat16, torch.float16):
+            if param.dtype != torch.float32:
                 counts[param.dtype] = counts.get(param.dtype, 0) + 1
     if not counts:
         return None
     held = " and ".join(f"{n} in {str(dtype).removeprefix('torch.')}" for dtype, n in counts.items())
-    return f"the script gave it low-precision weights ({held} of its {floating} floating parameters)"
+    return f"the script chose its weights' dtypes ({held} of its {floating} floating parameters)"
 
 
 def first_float_dtype(value: Any, depth: int = 0) -> torch.dtype | None:

@@ -223,7 +223,7 @@ def ipex_ahead(model: nn.Module, optimizer: Any, bf16: bool) -> str | None:
 
 def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan, cfg: Any) -> None:
     # (IPEX's bf16 weights, where it was applied ahead, are not the script's)
-    bf16 = bool(cfg.bf16) and (optimizer in search.ahead or not _low_precision(module, model, plan))
+    bf16 = bool(cfg.bf16) and (optimizer in search.ahead or not _chosen_dtypes(module, model, plan))
     planned_rank = mf.channels_last_rank(model) if cfg.channels_last else None
     if not selfcheck.forward_ok(torch.bfloat16 if bf16 else None, planned_rank):
         plan.stock = f"nanopatch's accelerated forward failed its self-check on torch {torch.__version__}"
@@ -424,15 +424,15 @@ def _already(model: nn.Module, rank: int) -> bool:
     return False
 
 
-def _low_precision(module: nn.Module, model: nn.Module, plan: Plan) -> bool:
-    """Whether the script gave the model bf16 or fp16 weights itself: it computes as it is,
-    without nanopatch's autocast (its notes and the log say so)."""
-    why = amp.low_precision_weights(model)
+def _chosen_dtypes(module: nn.Module, model: nn.Module, plan: Plan) -> bool:
+    """Whether the script gave the model weights other than fp32 itself (bf16, fp16, fp64): it
+    computes in them, without nanopatch's autocast (its notes and the log say so)."""
+    why = amp.chosen_weight_dtypes(model)
     if why is None:
         return False
     plan.bf16_measured = f"off: {why}"
-    plan.notes.append(f"bf16 autocast off: {why}; it computes in the dtypes the script chose")
-    log_once("low-precision", "%s: %s", plan.name, plan.notes[-1], about=module)
+    plan.notes.append(f"bf16 autocast off: {why}; it computes in them")
+    log_once("chosen-dtypes", "%s: %s", plan.name, plan.notes[-1], about=module)
     return True
 
 

@@ -75,9 +75,9 @@ def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType
         if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
             return f"{type(sub).__name__}(sparse=True) makes sparse gradients, which IPEX's fused steps do not take"
     model_params = {id(p) for p in model.parameters()}
-    low = next((p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)), None)
-    if low is not None:
-        return f"the script gave the model {low} weights itself"
+    chosen = next((p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32), None)
+    if chosen is not None:
+        return f"the script gave the model {chosen} weights itself"
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in model_params:

@@ -103,11 +103,17 @@ def _isolated(probe: Callable[[], str | None]) -> str | None:
             outcome.append(f"the probe failed: {type(exc).__name__}: {exc}")
 
     state = torch.get_rng_state()
+    # the probes build their tensors in fp32, the dtype they vouch for, whatever default the
+    # script set (torch.set_default_dtype(torch.float64), a scientific script's first line); the
+    # default is the process's, and the calling thread waits for the probe's
+    default = torch.get_default_dtype()
     try:
+        torch.set_default_dtype(torch.float32)
         thread = threading.Thread(target=run, name="nanopatch-selfcheck", daemon=True)
         thread.start()
         thread.join()
     finally:
+        torch.set_default_dtype(default)
         torch.set_rng_state(state)
     return outcome[0] if outcome else "the probe did not finish"
 
