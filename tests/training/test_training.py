@@ -647,6 +647,58 @@ def test_a_model_with_sparse_gradients_is_accelerated_with_torchs_step_for_them(
     assert all(group.get("fused") is None and group.get("foreach") is None for group in optimizer.param_groups)
 
 
+def _relaid_by_the_script(how: str, make_optimizer) -> list[torch.Tensor]:
+    """Five steps of a conv net in which the script lays a weight or a gradient out contiguously
+    itself after the second step: Lookahead's ``p.data = slow.clone()``, or a gradient set by
+    hand (per-sample gradients averaged, DP-SGD's way)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(  # (no bias before the norm: its gradient is rounding alone, which Adam magnifies)
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
+    optimizer = make_optimizer(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+    model.train()
+    for step in range(5):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if how == "grad" and step >= 2:
+            for p in model.parameters():
+                p.grad = torch.stack([p.grad.clone(memory_format=torch.contiguous_format)] * 2).mean(0)
+        optimizer.step()
+        if how == "weights" and step == 2:
+            for p in model.parameters():
+                p.data = p.detach().clone(memory_format=torch.contiguous_format)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("how", ["weights", "grad"])
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), lambda ps: torch.optim.AdamW(ps, lr=1e-2)],
+    ids=["sgd-momentum", "adamw"],
+)
+def test_a_weight_or_gradient_the_script_lays_out_keeps_the_fused_step_exact(how, make_optimizer):
+    """torch's fused CPU steps walk a weight, its gradient and its state as flat memory: under
+    nanopatch's channels-last weights, a contiguous weight or gradient the script made beside
+    channels-last momentum got the wrong elements added, silently (0.45 off after two steps in
+    the reproduction). The step's guard lays them out alike first: the same weights as stock."""
+    stock = _relaid_by_the_script(how, make_optimizer)
+    with nanopatch.patched(bf16=False, channels_last=True, **NATIVE):
+        patched = _relaid_by_the_script(how, make_optimizer)
+        plan = next(iter(training.plans.values()))
+        assert plan.rank == 4 and any(note.endswith(": fused step") for note in plan.notes)
+    for s, p in zip(stock, patched, strict=True):
+        torch.testing.assert_close(p, s, rtol=1e-4, atol=1e-5)
+
+
 def test_a_failing_setup_leaves_the_model_stock(monkeypatch):
     def broken(model, rank, *more):
         raise RuntimeError("boom")

@@ -84,6 +84,8 @@ def use_fast_step(optimizer: torch.optim.Optimizer, on_sparse: Any = None) -> st
         optimizer.register_state_dict_post_hook(_stock_flags),
         optimizer.register_load_state_dict_post_hook(_reapply),
     ]
+    if flag == "fused":
+        handles.append(optimizer.register_step_pre_hook(_LayoutGuard(changed)))
     handles.append(optimizer.register_step_pre_hook(_SparseGuard(optimizer, flag, changed, handles, on_sparse)))
     ref = weakref.ref(optimizer)
 
@@ -102,6 +104,47 @@ def use_fast_step(optimizer: torch.optim.Optimizer, on_sparse: Any = None) -> st
     entry = context().on_undo(undo, where, owner=optimizer)
     _fast[optimizer] = (flag, changed, entry)
     return flag
+
+
+class _LayoutGuard:
+    """A step pre-hook of a fused step: torch's fused CPU kernels walk a parameter, its gradient
+    and its state (momentum, Adam's moments) as flat memory, so where their strides differ they
+    add up the wrong elements, silently (torch's default step, which stock uses, does not).
+    Stock's strides never differ; a script's can, under nanopatch's channels-last weights: a
+    weight replaced through ``p.data = averaged.clone()`` (Lookahead, weight averaging,
+    ``vector_to_parameters``) or a gradient set by hand (``p.grad = per_sample.mean(0)``) comes
+    in contiguous beside channels-last state. Before each step, a gradient or state tensor laid
+    out unlike its parameter is given the parameter's strides, the same values."""
+
+    def __init__(self, changed: list[int]) -> None:
+        self.changed = changed  # the groups on the fused step (the sparse guard may shrink it)
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        groups, state = optimizer.param_groups, optimizer.state
+        for i in self.changed:
+            if i >= len(groups):
+                continue
+            for p in groups[i]["params"]:
+                if p.dim() < 2:
+                    continue  # one stride: laid out alike (or not dense, which the kernel refuses)
+                strides, grad = p.stride(), p.grad
+                if grad is not None and grad.stride() != strides and not _alike(p, grad):
+                    grad.data = _laid_like(p, grad)
+                for key, value in state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == p.shape and value.stride() != strides:
+                        if not _alike(p, value):
+                            state[p][key] = _laid_like(p, value)
+
+
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (one shape) put each element at the same flat offset: their strides
+    agree wherever a dimension has more than one element."""
+    return all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride(), strict=True))
+
+
+def _laid_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 class _SparseGuard:
