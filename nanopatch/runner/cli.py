@@ -366,9 +366,24 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
     except NoModule as exc:
         print(f"python -m nanopatch: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        _explain(exc)
+        raise
     finally:
         _report()
     return 0
+
+
+def _explain(exc: Exception) -> None:
+    """Add to the script's error, under its traceback, what nanopatch did that it failed on,
+    where nanopatch knows (channels-last weights that ``Tensor.view`` cannot flatten)."""
+    training = sys.modules.get("nanopatch.targets.training.patch")
+    try:
+        hint = training.layout_hint(exc) if training is not None else None
+    except Exception:
+        return  # the script's own error is what counts
+    if hint is not None and hint not in getattr(exc, "__notes__", ()):
+        exc.add_note(hint)
 
 
 def _without_compare(own: Sequence[str]) -> list[str]:

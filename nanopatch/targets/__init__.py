@@ -32,6 +32,15 @@ engine.register(
         name="training", option="training", module="torch", target="nanopatch.targets.training.patch:Training"
     )
 )
+# the weights the training target lays out channels-last, saved by safetensors in stock's strides
+engine.register(
+    engine.Registration(
+        name="safetensors",
+        option="training",
+        module="safetensors.torch",
+        target="nanopatch.targets.training.saving:Safetensors",
+    )
+)
 engine.register(
     engine.Registration(
         name="distributed",

@@ -38,9 +38,10 @@ _set_aside: dict[str, engine.Registration] = {}
 def register() -> None:
     """Add the demo targets. nanopatch's real ``training`` target wraps the same two torch
     attributes as ``demo-training``, so it is set aside meanwhile (it has its own tests in
-    test_training.py), and so is ``distributed``, which builds on it (tests in
-    test_launcher.py), with the Lightning targets that build on that; :func:`unregister` puts them back."""
-    for name in ("training", "distributed", "lightning", "pytorch_lightning"):
+    test_training.py), with ``safetensors``, which serves it, and so is ``distributed``, which builds on it
+    (tests in test_launcher.py), with the Lightning targets that build on that; :func:`unregister` puts
+    them back."""
+    for name in ("training", "safetensors", "distributed", "lightning", "pytorch_lightning"):
         real = next((t for t in engine.targets() if t.name == name), None)
         if real is not None:
             _set_aside[name] = real
@@ -52,7 +53,7 @@ def register() -> None:
 def unregister() -> None:
     engine.unregister(VISION.name)
     engine.unregister(TRAINING.name)
-    for name in ("training", "distributed", "lightning", "pytorch_lightning"):
+    for name in ("training", "safetensors", "distributed", "lightning", "pytorch_lightning"):
         if name in _set_aside:
             engine.register(_set_aside.pop(name))
 

@@ -156,6 +156,41 @@ def test_exit_code_and_exceptions_propagate(tmp_path, body, code, stderr_tail):
         assert f'File "{script}", line 4, in fail' in proc.stderr
 
 
+FLATTENS_GRADIENTS = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.tensor([0, 1, 0, 1])).backward()
+    print("norm", float(torch.cat([p.grad.{flatten} for p in model.parameters()]).norm()) > 0)
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("flatten", ["view(-1)", "reshape(-1)"])
+@pytest.mark.py_only  # a whole script under the runner
+def test_a_script_failing_on_channels_last_weights_is_told_why(tmp_path, flatten):
+    """``p.grad.view(-1)`` outside the forward (gradient logging, PCGrad, ``parameters_to_vector``)
+    raises on the channels-last weights nanopatch gave the model, which nothing can rescue there:
+    the error says what nanopatch did and how to run without it; ``reshape`` runs."""
+    script = write(tmp_path / "flat.py", FLATTENS_GRADIENTS.replace("{flatten}", flatten))
+    proc = runner(["--channels-last", "--no-bf16", str(script)], cwd=tmp_path)
+    if flatten == "reshape(-1)":
+        assert proc.returncode == 0 and proc.stdout == "norm True\nnorm True\n", proc.stderr
+        return
+    assert proc.returncode == 1
+    assert "RuntimeError: view size is not compatible with input tensor's size and stride" in proc.stderr
+    assert proc.stderr.rstrip().endswith(
+        "nanopatch: Sequential trains with channels-last weights and gradients (faster convolutions), and "
+        "Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on both layouts, or run with "
+        "--no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+    )
+    assert runner(["--no-channels-last", "--no-bf16", str(script)], cwd=tmp_path).returncode == 0
+
+
 # --- 3. -m module ----------------------------------------------------------------------------
 
 

@@ -800,6 +800,33 @@ def test_deepcopies_and_pickles_carry_nothing_of_nanopatch(tmp_path):
     assert "forward" not in model.__dict__
 
 
+def test_safetensors_saves_the_channels_last_weights_as_stock_does(tmp_path):
+    """``save_file(model.state_dict(), path)`` raised "You are trying to save a non contiguous
+    tensor" on the weights nanopatch laid out channels-last; stock saves them. Now its savers get
+    them in stock's strides, the same values; a tensor the script laid out itself still raises,
+    as in stock, and the savers are safetensors' own again after unpatch."""
+    st = pytest.importorskip("safetensors.torch")
+    stock_save_file, stock_save = st.save_file, st.save
+    with nanopatch.patched(bf16=False, channels_last=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+        assert not model[0].weight.is_contiguous()  # channels-last, as trained
+        state = model.state_dict()
+        st.save_file(state, tmp_path / "file.safetensors")
+        st.save_model(model, tmp_path / "model.safetensors")
+        blob = st.save(tensors=state)
+        for loaded in (st.load_file(tmp_path / "file.safetensors"), st.load_file(tmp_path / "model.safetensors")):
+            assert loaded.keys() == state.keys()
+            assert all(torch.equal(loaded[k], v) for k, v in state.items())
+        assert st.load(blob)["0.weight"].equal(state["0.weight"])
+        assert not model[0].weight.is_contiguous()  # the model's own weights are left as they are
+        own = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+        with pytest.raises(ValueError, match="non contiguous"):
+            st.save_file({"own": own}, tmp_path / "own.safetensors")
+    assert st.save_file is stock_save_file and st.save is stock_save
+
+
 def test_a_models_own_instance_forward_is_kept_and_restored():
     model = small_cnn()
     calls = []

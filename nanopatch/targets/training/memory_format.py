@@ -104,6 +104,10 @@ def _convert_item(value: Any, rank: int, fmt: torch.memory_format) -> Any:
     return _convert(value, rank, fmt)
 
 
+#: the weights :func:`relayout` made channels-last (and has not laid back since)
+_relaid: weakref.WeakSet = weakref.WeakSet()
+
+
 def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> None:
     """The model's weights (and their gradients) channels-last (``on``) or back to stock's
     contiguous strides, in place (the same ``Parameter`` objects), and the optimizers' state for
@@ -111,9 +115,31 @@ def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> No
     a weight, its gradient and its state as flat memory, and would mix up elements across
     layouts (:func:`match_state_layout`)."""
     model.to(memory_format=memory_format(rank) if on else torch.contiguous_format)
+    for p in model.parameters():
+        if on and p.dim() == rank:
+            _relaid.add(p)
+        else:
+            _relaid.discard(p)
     params = {id(p) for p in model.parameters()}
     for optimizer in optimizers:
         match_state_layout(optimizer, params)
+
+
+def in_stock_strides(tensors: Any) -> Any:
+    """``tensors`` (a dict of name -> tensor, a state dict) with each tensor that is a weight
+    :func:`relayout` laid out channels-last (the weight itself, or a ``detach()`` of it, as
+    ``state_dict()`` gives) replaced by a contiguous copy; the same object where none is."""
+    if not isinstance(tensors, dict):
+        return tensors
+    ours = {(p.data_ptr(), p.stride()) for p in list(_relaid) if not p.is_contiguous()}
+    if not ours:
+        return tensors
+    found = {
+        name: value.contiguous()
+        for name, value in tensors.items()
+        if isinstance(value, torch.Tensor) and not value.is_contiguous() and (value.data_ptr(), value.stride()) in ours
+    }
+    return {**tensors, **found} if found else tensors
 
 
 def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:

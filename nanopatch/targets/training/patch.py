@@ -33,7 +33,16 @@ from . import attention, backward, discovery, dropout, loss, replay, selfcheck
 from . import forward as fw
 from .plan import lock, plans, state
 
-__all__ = ["Training", "describe", "plans", "release_data_parallel", "self_checks", "summary", "training_now"]
+__all__ = [
+    "Training",
+    "describe",
+    "layout_hint",
+    "plans",
+    "release_data_parallel",
+    "self_checks",
+    "summary",
+    "training_now",
+]
 
 
 class Training(engine.Target):
@@ -175,6 +184,25 @@ def malloc_reuse() -> str | None:
     """What glibc's malloc was told to keep freed memory for reuse, while patched (None: left
     alone: another allocator, the user's own tuning, or the option off)."""
     return state.malloc
+
+
+def layout_hint(exc: BaseException) -> str | None:
+    """What to tell a user whose script failed outside a model's forward on the channels-last
+    weights nanopatch gave a model (the forward's own failures are rescued, and safetensors
+    gets them in stock's strides): ``Tensor.view`` cannot flatten such a weight or its gradient
+    (``p.grad.view(-1)``, ``parameters_to_vector``). None where ``exc`` is not that error, or no
+    model has channels-last weights now."""
+    if not isinstance(exc, RuntimeError) or "view size is not compatible with input tensor's size" not in str(exc):
+        return None
+    with lock:
+        names = sorted({plan.name for plan in plans.values() if plan.rank is not None and plan.stock is None})
+    if not names:
+        return None
+    return (
+        f"nanopatch: {', '.join(names)} trains with channels-last weights and gradients (faster "
+        "convolutions), and Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on "
+        "both layouts, or run with --no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+    )
 
 
 def summary() -> list[str]:
