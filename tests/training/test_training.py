@@ -812,6 +812,8 @@ def test_safetensors_saves_the_channels_last_weights_as_stock_does(tmp_path):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         train_steps(model, optimizer, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
         assert not model[0].weight.is_contiguous()  # channels-last, as trained
+        for on in (False, True):  # the layout trial's switches (which once raised on the weights' record)
+            discovery.mf.relayout(model, 4, on, [optimizer])
         state = model.state_dict()
         st.save_file(state, tmp_path / "file.safetensors")
         st.save_model(model, tmp_path / "model.safetensors")

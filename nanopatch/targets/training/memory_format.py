@@ -14,6 +14,7 @@ with :func:`relayout`, and keeps it only where it was faster.
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -104,8 +105,9 @@ def _convert_item(value: Any, rank: int, fmt: torch.memory_format) -> Any:
     return _convert(value, rank, fmt)
 
 
-#: the weights :func:`relayout` made channels-last (and has not laid back since)
-_relaid: weakref.WeakSet = weakref.WeakSet()
+#: id -> weak reference of the weights :func:`relayout` made channels-last (and has not laid
+#: back since); by id, as a tensor's ``==`` compares elements (a WeakSet would call it)
+_relaid: dict[int, weakref.ref] = {}
 
 
 def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> None:
@@ -117,12 +119,17 @@ def relayout(model: nn.Module, rank: int, on: bool, optimizers: list[Any]) -> No
     model.to(memory_format=memory_format(rank) if on else torch.contiguous_format)
     for p in model.parameters():
         if on and p.dim() == rank:
-            _relaid.add(p)
+            _relaid[id(p)] = weakref.ref(p, functools.partial(_forget, id(p)))
         else:
-            _relaid.discard(p)
+            _relaid.pop(id(p), None)
     params = {id(p) for p in model.parameters()}
     for optimizer in optimizers:
         match_state_layout(optimizer, params)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if _relaid.get(key) is ref:  # (not a later weight that got the same id)
+        del _relaid[key]
 
 
 def in_stock_strides(tensors: Any) -> Any:
@@ -131,7 +138,8 @@ def in_stock_strides(tensors: Any) -> Any:
     ``state_dict()`` gives) replaced by a contiguous copy; the same object where none is."""
     if not isinstance(tensors, dict):
         return tensors
-    ours = {(p.data_ptr(), p.stride()) for p in list(_relaid) if not p.is_contiguous()}
+    weights = [ref() for ref in list(_relaid.values())]
+    ours = {(p.data_ptr(), p.stride()) for p in weights if p is not None and not p.is_contiguous()}
     if not ours:
         return tensors
     found = {

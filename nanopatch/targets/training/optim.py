@@ -128,6 +128,8 @@ class _LayoutGuard:
                 if p.dim() < 2:
                     continue  # one stride: laid out alike (or not dense, which the kernel refuses)
                 strides, grad = p.stride(), p.grad
+                if grad is not None and grad.layout != torch.strided:
+                    continue  # a sparse gradient: the sparse guard sends its group to torch's default step
                 if grad is not None and grad.stride() != strides and not _alike(p, grad):
                     grad.data = _laid_like(p, grad)
                 for key, value in state.get(p, {}).items():
