@@ -286,7 +286,10 @@ def _stock_model_parts(model: dict) -> list[str]:
         measured = model.get(key) or ""
         if measured.startswith("off"):
             why = measured.split(": ", 1)[1] if ": " in measured else measured
-            parts.append(f"{what} for {name}: {why.replace(' for this model', '')}, so it kept {stock}")
+            kept = "them" if why.startswith("the script chose its weights' dtypes") else stock
+            parts.append(f"{what} for {name}: {why.replace(' for this model', '')}, so it kept {kept}")
+    # a custom autograd Function whose backward ops run in fp32 (rescue's backward)
+    parts.extend(f"{name}: {note}" for note in model.get("notes", []) if note.startswith("custom autograd Function"))
     frozen = model.get("frozen_weights") or ""
     if frozen.startswith("cast in every forward"):
         parts.append(f"the frozen weights of {name}: {frozen}")

@@ -131,6 +131,26 @@ def test_bf16_measured_slower_says_so():
     assert _summary.accelerated_parts({"models": [kept]})[0].startswith("ResNet: computed in bf16")
 
 
+def test_what_a_models_own_code_kept_from_bf16_is_said():
+    """Weights the script gave their own dtypes keep them (not "fp32"); a custom autograd
+    Function whose backward ops run in fp32 is among what was not accelerated."""
+    note = (
+        "custom autograd Function Clip: its backward mixes the bf16 it was given with fp32 tensors "
+        "(RuntimeError: ...) and has no torch.amp.custom_bwd; the ops that fail run in fp32"
+    )
+    own = dict(
+        RESNET,
+        bf16_measured="off: the script chose its weights' dtypes (6 in bfloat16 of its 6 floating parameters)",
+        notes=["SGD: fused step", note],
+    )
+    parts = _summary.not_accelerated_parts({"models": [own], "options": OPTIONS_NO_BF16}, AMX)
+    assert parts[:2] == [
+        "bf16 autocast for ResNet: the script chose its weights' dtypes (6 in bfloat16 of its 6 floating "
+        "parameters), so it kept them",
+        f"ResNet: {note}",
+    ]
+
+
 def test_channels_last_measured_slower_says_so():
     """Channels-last measured slower than stock's layout for the model: the summary says so and
     that it kept stock's layout; kept, it is among what was accelerated."""
