@@ -376,10 +376,11 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
 
 def _explain(exc: Exception) -> None:
     """Add to the script's error, under its traceback, what nanopatch did that it failed on,
-    where nanopatch knows (channels-last weights that ``Tensor.view`` cannot flatten)."""
+    where nanopatch knows (channels-last weights that ``Tensor.view`` cannot flatten, bf16
+    activations that numpy cannot take)."""
     training = sys.modules.get("nanopatch.targets.training.patch")
     try:
-        hint = training.layout_hint(exc) if training is not None else None
+        hint = training.hint(exc) if training is not None else None
     except Exception:
         return  # the script's own error is what counts
     if hint is not None and hint not in getattr(exc, "__notes__", ()):

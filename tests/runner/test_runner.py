@@ -191,6 +191,40 @@ def test_a_script_failing_on_channels_last_weights_is_told_why(tmp_path, flatten
     assert runner(["--no-channels-last", "--no-bf16", str(script)], cwd=tmp_path).returncode == 0
 
 
+KEEPS_ACTIVATIONS = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+kept = {}
+model[1].register_forward_hook(lambda module, args, out: kept.__setitem__("act", out.detach()))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 0, 1])).backward()
+    optimizer.step()
+    print("mean", kept["act"].numpy().mean() >= 0)
+"""
+
+
+@pytest.mark.py_only  # a whole script under the runner
+def test_a_script_failing_on_bf16_activations_is_told_why(tmp_path):
+    """An activation a forward hook kept is bf16 under nanopatch's autocast (as under
+    ``torch.autocast``), and numpy has no bf16: ``act.numpy()`` after the step raises, outside
+    the forward, where nothing can rescue it; the error says why and how to run without it."""
+    script = write(tmp_path / "acts.py", KEEPS_ACTIVATIONS)
+    proc = runner(["--bf16", str(script)], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "TypeError: Got unsupported ScalarType BFloat16" in proc.stderr
+    assert proc.stderr.rstrip().endswith(
+        "nanopatch: Sequential computes in bf16 (bf16 autocast, as torch.autocast would), so the activations "
+        "a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or run with --no-bf16 "
+        "(NANOPATCH_BF16=0) to compute in fp32"
+    )
+    fp32 = runner(["--no-bf16", str(script)], cwd=tmp_path)
+    assert fp32.returncode == 0, fp32.stderr
+
+
 # --- 3. -m module ----------------------------------------------------------------------------
 
 

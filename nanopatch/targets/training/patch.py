@@ -29,14 +29,14 @@ from nanopatch.foundation.log import log_once
 from nanopatch.runtime import malloc
 from nanopatch.runtime import tuning as runtime
 
-from . import attention, backward, discovery, dropout, loss, replay, selfcheck
+from . import attention, backward, discovery, dropout, loss, replay, rescue, selfcheck
 from . import forward as fw
 from .plan import lock, plans, state
 
 __all__ = [
     "Training",
     "describe",
-    "layout_hint",
+    "hint",
     "plans",
     "release_data_parallel",
     "self_checks",
@@ -186,22 +186,32 @@ def malloc_reuse() -> str | None:
     return state.malloc
 
 
-def layout_hint(exc: BaseException) -> str | None:
-    """What to tell a user whose script failed outside a model's forward on the channels-last
-    weights nanopatch gave a model (the forward's own failures are rescued, and safetensors
-    gets them in stock's strides): ``Tensor.view`` cannot flatten such a weight or its gradient
-    (``p.grad.view(-1)``, ``parameters_to_vector``). None where ``exc`` is not that error, or no
-    model has channels-last weights now."""
-    if not isinstance(exc, RuntimeError) or "view size is not compatible with input tensor's size" not in str(exc):
+def hint(exc: BaseException) -> str | None:
+    """What to tell a user whose script failed outside a model's forward on what nanopatch
+    changed in it (the forward's own failures are rescued), or None: ``Tensor.view`` cannot
+    flatten the channels-last weights nanopatch gave a model, or their gradients
+    (``p.grad.view(-1)``, ``parameters_to_vector``); numpy has no bf16, and activations a hook
+    kept from a model computing in bf16 are bf16 (``act.numpy()`` for a histogram)."""
+    text = str(exc)
+    flat = isinstance(exc, RuntimeError) and "view size is not compatible with input tensor's size" in text
+    numpy = isinstance(exc, TypeError) and rescue.dtype_error(exc)
+    if not (flat or numpy):
         return None
     with lock:
-        names = sorted({plan.name for plan in plans.values() if plan.rank is not None and plan.stock is None})
+        current = [plan for plan in plans.values() if plan.stock is None]
+        names = sorted({p.name for p in current if (p.rank is not None if flat else p.amp_dtype is not None)})
     if not names:
         return None
+    if flat:
+        return (
+            f"nanopatch: {', '.join(names)} trains with channels-last weights and gradients (faster "
+            "convolutions), and Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on "
+            "both layouts, or run with --no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+        )
     return (
-        f"nanopatch: {', '.join(names)} trains with channels-last weights and gradients (faster "
-        "convolutions), and Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on "
-        "both layouts, or run with --no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+        f"nanopatch: {', '.join(names)} computes in bf16 (bf16 autocast, as torch.autocast would), so "
+        "the activations a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or "
+        "run with --no-bf16 (NANOPATCH_BF16=0) to compute in fp32"
     )
 
 
