@@ -829,6 +829,42 @@ def test_safetensors_saves_the_channels_last_weights_as_stock_does(tmp_path):
     assert st.save_file is stock_save_file and st.save is stock_save
 
 
+@pytest.mark.parametrize("how", ["jit.trace", "export"])
+def test_an_artifact_traced_from_a_trained_model_is_stocks(tmp_path, how):
+    """``torch.export.export(model, ...)`` after training under nanopatch raised AttributeError
+    (it reads ``model.forward.__code__``), and ``torch.jit.trace`` recorded nanopatch's bf16
+    autocast into the artifact (2.2e-3 from stock's outputs). An artifact outlives the process:
+    tracing (and the trace's check, which runs the model again) now gets the model's own forward,
+    and the artifact computes what stock's does."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+    with nanopatch.patched(bf16=True, channels_last=True, **NATIVE):
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        train_steps(model, optimizer, x, y)
+        model.eval()
+        probe = Probe(model[-1])
+        with torch.no_grad():
+            assert model(x).dtype == torch.float32 and probe.last() == torch.bfloat16  # eval keeps bf16
+            stock = nn.Sequential.forward(model, x)
+        assert model.forward.__code__ is nn.Sequential.forward.__code__
+        assert not hasattr(model.forward, "__func__")  # not a bound method: accelerate wraps it as a callable
+        with warnings.catch_warnings():
+            # trace's own check runs the model again: as the trace (it warned of a mismatch)
+            warnings.simplefilter("error", torch.jit.TracerWarning)
+            if how == "jit.trace":
+                torch.jit.trace(model, x).save(tmp_path / "model.pt")
+                artifact = torch.jit.load(tmp_path / "model.pt")
+            else:
+                torch.export.save(torch.export.export(model, (x,)), tmp_path / "model.pt2")
+                artifact = torch.export.load(tmp_path / "model.pt2").module()
+        assert probe.last() == torch.float32  # traced in fp32
+        with torch.no_grad():
+            out = artifact(x)
+        assert out.dtype == torch.float32 and torch.equal(out, stock)
+        assert "forward" in model.__dict__  # still accelerated for the calls that train it
+
+
 def test_a_models_own_instance_forward_is_kept_and_restored():
     model = small_cnn()
     calls = []

@@ -67,9 +67,45 @@ class _InstanceForward:
     def __repr__(self) -> str:
         return f"<nanopatch {type(self).__name__} of {self.original()!r}>"
 
+    def __getattr__(self, name: str) -> Any:
+        # what introspection reads of a function (torch.export reads ``forward.__code__``), from
+        # the forward it stands for; not ``__func__``/``__self__``: code that finds them takes the
+        # forward for a bound method and rebinds its function (accelerate, peft), leaving ours out
+        if name not in _INTROSPECTED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.original(), name)
+
+
+#: a function's attributes an instance forward answers with its forward's
+_INTROSPECTED = frozenset(
+    {"__code__", "__defaults__", "__kwdefaults__", "__name__", "__qualname__", "__annotations__", "__globals__"}
+)
+
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def exporting() -> bool:
+    """Whether the call is being traced into an artifact that outlives the process
+    (``torch.jit.trace``, ``torch.export``, the ONNX exporters built on them): it gets the
+    model's own forward, as stock traces it, none of nanopatch's changes."""
+    if torch.jit.is_tracing() or tls("checking_trace", 0):
+        return True
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
+def checking_trace(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.jit._trace._check_trace``: ``torch.jit.trace`` runs the module again, untraced,
+    to compare with what it traced; that run is the trace's too (stock's forward), or torch
+    warns that the traced function does not match."""
+    depth = tls("checking_trace", 0)
+    local.checking_trace = depth + 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        local.checking_trace = depth
 
 
 class AcceleratedForward(_InstanceForward):
@@ -82,7 +118,7 @@ class AcceleratedForward(_InstanceForward):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         plan = self.plan
         forward = self.original()
-        if plan.stock is not None:
+        if plan.stock is not None or (exporting() and not plan.ipex):  # (IPEX's bf16 weights need autocast)
             return forward(*args, **kwargs)
         rank = plan.layout_now()
         if rank is not None:
@@ -145,7 +181,7 @@ class GeluForward(_InstanceForward):
         self.approximate = approximate
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if len(args) == 1 and not kwargs:
+        if len(args) == 1 and not kwargs and not exporting():
             value = args[0]
             if type(value) is torch.Tensor and value.is_floating_point():
                 return F.gelu(value, approximate=self.approximate)

@@ -75,6 +75,9 @@ def _patch(ctx: engine.Context) -> None:
     ctx.wrap(torch.optim.Optimizer, "__init__", discovery.optimizer_init)
     ctx.wrap(nn.Module, "__getstate__", fw.module_getstate)
     ctx.wrap(DistributedDataParallel, "__init__", discovery.ddp_init)
+    if callable(getattr(torch.jit._trace, "_check_trace", None)):
+        # torch.jit.trace's check runs the model again, untraced: as the trace, stock's forward
+        ctx.wrap(torch.jit._trace, "_check_trace", fw.checking_trace)
     # a custom autograd Function's backward that fails on the bf16 its forward computed
     ctx.wrap(torch.autograd.function.BackwardCFunction, "apply", backward.apply)
     if hasattr(F, "_in_projection_packed"):
