@@ -574,6 +574,28 @@ def test_a_model_the_script_gave_its_own_weight_dtypes_computes_in_them(weights,
         torch.set_default_dtype(torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_a_model_the_script_casts_after_training_computes_in_its_new_dtype(dtype):
+    """``model.to(torch.float16)`` to serve it after training: under the autocast set up for its
+    fp32 training an fp16 layer norm raised ("mixed dtype (CPU)") and bf16 outputs came back fp32.
+    Now the forward sees the cast and computes as stock would; cast back, it is accelerated again."""
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    with nanopatch.patched(bf16=True, **NATIVE):
+        model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 4))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        norm = Probe(model[1])
+        train_steps(model, optimizer, x, y)
+        assert norm.last() == torch.bfloat16 and plan_of(model).amp_dtype == torch.bfloat16
+        model.eval().to(dtype)
+        with torch.no_grad():
+            out = model(x.to(dtype))
+        assert out.dtype == dtype and norm.last() == dtype
+        probe = Probe(model[0])
+        model.float()
+        with torch.no_grad():
+            assert model(x).dtype == torch.float32 and probe.last() == torch.bfloat16
+
+
 # --- fallbacks ------------------------------------------------------------------------
 
 

@@ -244,6 +244,9 @@ def _accelerate(module: nn.Module, model: nn.Module, optimizer: Any, plan: Plan,
     keep = plan.ipex and plan.amp_dtype is not None  # IPEX bf16 weights need autocast
     plan.amp_dtype = torch.bfloat16 if bf16 or keep else None
     plan.amp_eval = bool(cfg.bf16_eval)
+    if plan.amp_dtype is not None and not plan.ipex:
+        first = next((p for p in model.parameters() if p.dtype == torch.float32), None)
+        plan.weight = weakref.ref(first) if first is not None else None
     plan.compile_mode = cfg.compile
     if cfg.compile == config_mod.COMPILE_AUTO:
         compile_choice.start(plan, model)

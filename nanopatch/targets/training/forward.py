@@ -291,6 +291,9 @@ def amp_dtype(module: nn.Module, plan: Plan) -> torch.dtype | None:
         return None  # an fp32 step of the measurement
     if not module.training and not plan.amp_eval and not plan.ipex:
         return None  # an IPEX bf16 model has bf16 weights: it needs autocast in eval too
+    weight = plan.weight() if plan.weight is not None else None
+    if weight is not None and weight.dtype != torch.float32:
+        return None  # the script cast the model (model.to(torch.bfloat16) to serve it): its dtypes
     return plan.amp_dtype
 
 

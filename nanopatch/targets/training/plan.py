@@ -149,6 +149,7 @@ class Plan:
     layout: Any = None  # the journal's entry for the channels-last weights nanopatch gave it
     reprobe: bool = False  # probe the next training call (what it computes in changed)
     frozen: Any = None  # bf16 copies of its frozen fp32 parameters (frozen.Copies), made once
+    weight: Any = None  # a weakref to its first fp32 weight: the script casting the model shows there
     # seen
     seen: Seen = dataclasses.field(default_factory=Seen)
 
