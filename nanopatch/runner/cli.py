@@ -377,14 +377,11 @@ def _run_target(kind: str, target: str, script_args: Sequence[str]) -> int:
 def _explain(exc: Exception) -> None:
     """Add to the script's error, under its traceback, what nanopatch did that it failed on,
     where nanopatch knows (channels-last weights that ``Tensor.view`` cannot flatten, bf16
-    activations that numpy cannot take)."""
+    activations that numpy cannot take); on Python 3.10, which shows no notes, said before it."""
     training = sys.modules.get("nanopatch.targets.training.patch")
-    try:
-        hint = training.hint(exc) if training is not None else None
-    except Exception:
-        return  # the script's own error is what counts
-    if hint is not None and hint not in getattr(exc, "__notes__", ()):
-        exc.add_note(hint)
+    note = training.explain(exc) if training is not None else None
+    if note is not None and not hasattr(exc, "add_note"):
+        print(note, file=sys.stderr)
 
 
 def _without_compare(own: Sequence[str]) -> list[str]:

@@ -185,10 +185,31 @@ def test_a_script_failing_on_channels_last_weights_is_told_why(tmp_path, flatten
     assert "RuntimeError: view size is not compatible with input tensor's size and stride" in proc.stderr
     assert proc.stderr.rstrip().endswith(
         "nanopatch: Sequential trains with channels-last weights and gradients (faster convolutions), and "
-        "Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on both layouts, or run with "
-        "--no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+        "Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on both layouts, or turn "
+        "channels-last off to keep stock's strides (--no-channels-last, patch_torch(channels_last=False) or "
+        "NANOPATCH_CHANNELS_LAST=0)"
     )
     assert runner(["--no-channels-last", "--no-bf16", str(script)], cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.py_only  # a whole script
+def test_a_script_patching_itself_is_told_why_too(tmp_path):
+    """``nanopatch.patch_torch()`` in the script, no runner: the line comes under the traceback
+    through ``sys.excepthook`` (while patched; unpatch gives the hook back, unless the script set
+    its own meanwhile)."""
+    script = write(
+        tmp_path / "inline.py",
+        "import sys\nimport nanopatch\nhook = sys.excepthook\nnanopatch.patch_torch(channels_last=True, bf16=False)\n"
+        "import torch  # the training target applies with torch\n"
+        "assert sys.excepthook is not hook\nnanopatch.unpatch_torch()\nassert sys.excepthook is hook\n"
+        "nanopatch.patch_torch()\nsys.excepthook = own = lambda *a: None\nnanopatch.unpatch_torch()\n"
+        "assert sys.excepthook is own  # one set meanwhile stays\nsys.excepthook = hook\n"
+        "nanopatch.patch_torch(channels_last=True, bf16=False)\n" + FLATTENS_GRADIENTS.replace("{flatten}", "view(-1)"),
+    )
+    proc = run_python([str(script)], cwd=tmp_path)
+    assert proc.returncode == 1 and "RuntimeError: view size is not compatible" in proc.stderr
+    assert proc.stderr.rstrip().endswith("patch_torch(channels_last=False) or NANOPATCH_CHANNELS_LAST=0)")
+    assert proc.stderr.count("nanopatch: Sequential trains with channels-last weights") == 1
 
 
 KEEPS_ACTIVATIONS = """
@@ -218,8 +239,8 @@ def test_a_script_failing_on_bf16_activations_is_told_why(tmp_path):
     assert "TypeError: Got unsupported ScalarType BFloat16" in proc.stderr
     assert proc.stderr.rstrip().endswith(
         "nanopatch: Sequential computes in bf16 (bf16 autocast, as torch.autocast would), so the activations "
-        "a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or run with --no-bf16 "
-        "(NANOPATCH_BF16=0) to compute in fp32"
+        "a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or turn bf16 off to compute "
+        "in fp32 (--no-bf16, patch_torch(bf16=False) or NANOPATCH_BF16=0)"
     )
     fp32 = runner(["--no-bf16", str(script)], cwd=tmp_path)
     assert fp32.returncode == 0, fp32.stderr

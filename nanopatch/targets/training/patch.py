@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from .plan import lock, plans, state
 __all__ = [
     "Training",
     "describe",
+    "explain",
     "hint",
     "plans",
     "release_data_parallel",
@@ -78,6 +80,7 @@ def _patch(ctx: engine.Context) -> None:
     if callable(getattr(torch.jit._trace, "_check_trace", None)):
         # torch.jit.trace's check runs the model again, untraced: as the trace, stock's forward
         ctx.wrap(torch.jit._trace, "_check_trace", fw.checking_trace)
+    _install_excepthook(ctx)
     # a custom autograd Function's backward that fails on the bf16 its forward computed
     ctx.wrap(torch.autograd.function.BackwardCFunction, "apply", backward.apply)
     if hasattr(F, "_in_projection_packed"):
@@ -209,13 +212,54 @@ def hint(exc: BaseException) -> str | None:
         return (
             f"nanopatch: {', '.join(names)} trains with channels-last weights and gradients (faster "
             "convolutions), and Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on "
-            "both layouts, or run with --no-channels-last (NANOPATCH_CHANNELS_LAST=0) to keep stock's strides"
+            "both layouts, or turn channels-last off to keep stock's strides (--no-channels-last, "
+            "patch_torch(channels_last=False) or NANOPATCH_CHANNELS_LAST=0)"
         )
     return (
         f"nanopatch: {', '.join(names)} computes in bf16 (bf16 autocast, as torch.autocast would), so "
         "the activations a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or "
-        "run with --no-bf16 (NANOPATCH_BF16=0) to compute in fp32"
+        "turn bf16 off to compute in fp32 (--no-bf16, patch_torch(bf16=False) or NANOPATCH_BF16=0)"
     )
+
+
+def explain(exc: BaseException) -> str | None:
+    """:func:`hint` for ``exc``, added to it as a note shown under its traceback (Python >= 3.11;
+    once), or None; never raises (the script's own error is what counts)."""
+    try:
+        note = hint(exc)
+        if note is not None and hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        return note
+    except Exception:
+        return None
+
+
+def _install_excepthook(ctx: engine.Context) -> None:
+    """A script that dies on what nanopatch changed (outside the forward) is told so. Undone
+    only where the hook is still ours: one the script or a library (rich's tracebacks) set
+    meanwhile stays."""
+    previous = sys.excepthook
+    ours = _excepthook_over(previous)
+    sys.excepthook = ours
+
+    def undo() -> None:
+        if sys.excepthook is ours:
+            sys.excepthook = previous
+
+    ctx.on_undo(undo, "sys.excepthook: nanopatch's line under an error it caused")
+
+
+def _excepthook_over(previous: Any) -> Any:
+    """``sys.excepthook`` while patched: a script that calls ``patch_torch()`` itself and dies on
+    what nanopatch changed gets :func:`hint`'s line under its traceback, as under the runner."""
+
+    def excepthook(kind: type, value: BaseException, traceback: Any) -> None:
+        note = explain(value)
+        previous(kind, value, traceback)
+        if note is not None and not hasattr(value, "add_note"):  # Python 3.10: no notes
+            print(note, file=sys.stderr)
+
+    return excepthook
 
 
 def summary() -> list[str]:
