@@ -242,7 +242,8 @@ def test_a_gpt2_takes_it_while_patched_and_transformers_gets_its_function_back()
         assert utils.LOSS_MAPPING["ForCausalLM"].__wrapped__ is original
         assert out.loss.dtype == out.logits.dtype == torch.float32  # types out as stock's
         assert type(out.loss.grad_fn).__name__ == "ChunkedCrossEntropyBackward"
-        [plan] = nanopatch.status()["targets"]["training"]["details"]
+        # (a model IPEX optimized in an earlier test of this process stays listed: IPEX's changes stay)
+        [plan] = [m for m in nanopatch.status()["targets"]["training"]["details"] if m["model"] == type(model).__name__]
         assert plan["loss_on_bf16_logits"] is True
         assert "causal-LM loss on the bf16 logits" in training.plans[model].summary()
         with torch.no_grad():  # outside a training call: transformers' own
