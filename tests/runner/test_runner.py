@@ -177,19 +177,32 @@ def test_a_script_failing_on_channels_last_weights_is_told_why(tmp_path, flatten
     raises on the channels-last weights nanopatch gave the model, which nothing can rescue there:
     the error says what nanopatch did and how to run without it; ``reshape`` runs."""
     script = write(tmp_path / "flat.py", FLATTENS_GRADIENTS.replace("{flatten}", flatten))
-    proc = runner(["--channels-last", "--no-bf16", str(script)], cwd=tmp_path)
     if flatten == "reshape(-1)":
+        proc = runner(["--channels-last", "--no-bf16", str(script)], cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout == "norm True\nnorm True\n", proc.stderr
         return
-    assert proc.returncode == 1
-    assert "RuntimeError: view size is not compatible with input tensor's size and stride" in proc.stderr
-    assert proc.stderr.rstrip().endswith(
+    _told_why(
+        tmp_path,
+        script,
+        ["--channels-last", "--no-bf16"],
+        ["--no-channels-last", "--no-bf16"],
+        "RuntimeError: view size is not compatible with input tensor's size and stride",
         "nanopatch: Sequential trains with channels-last weights and gradients (faster convolutions), and "
         "Tensor.view cannot flatten them: .reshape(-1) and .contiguous() work on both layouts, or turn "
         "channels-last off to keep stock's strides (--no-channels-last, patch_torch(channels_last=False) or "
-        "NANOPATCH_CHANNELS_LAST=0)"
+        "NANOPATCH_CHANNELS_LAST=0)",
     )
-    assert runner(["--no-channels-last", "--no-bf16", str(script)], cwd=tmp_path).returncode == 0
+
+
+def _told_why(tmp_path, script, on: list[str], off: list[str], error: str, line: str) -> None:
+    """``script`` under the runner with ``on`` fails with ``error``, ``line`` ending its stderr,
+    and runs with ``off``."""
+    proc = runner([*on, str(script)], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert error in proc.stderr
+    assert proc.stderr.rstrip().endswith(line)
+    fine = runner([*off, str(script)], cwd=tmp_path)
+    assert fine.returncode == 0, fine.stderr
 
 
 @pytest.mark.py_only  # a whole script
@@ -233,17 +246,16 @@ def test_a_script_failing_on_bf16_activations_is_told_why(tmp_path):
     """An activation a forward hook kept is bf16 under nanopatch's autocast (as under
     ``torch.autocast``), and numpy has no bf16: ``act.numpy()`` after the step raises, outside
     the forward, where nothing can rescue it; the error says why and how to run without it."""
-    script = write(tmp_path / "acts.py", KEEPS_ACTIVATIONS)
-    proc = runner(["--bf16", str(script)], cwd=tmp_path)
-    assert proc.returncode == 1
-    assert "TypeError: Got unsupported ScalarType BFloat16" in proc.stderr
-    assert proc.stderr.rstrip().endswith(
+    _told_why(
+        tmp_path,
+        write(tmp_path / "acts.py", KEEPS_ACTIVATIONS),
+        ["--bf16"],
+        ["--no-bf16"],
+        "TypeError: Got unsupported ScalarType BFloat16",
         "nanopatch: Sequential computes in bf16 (bf16 autocast, as torch.autocast would), so the activations "
         "a hook keeps are bf16, which numpy lacks: .float().numpy() works on both, or turn bf16 off to compute "
-        "in fp32 (--no-bf16, patch_torch(bf16=False) or NANOPATCH_BF16=0)"
+        "in fp32 (--no-bf16, patch_torch(bf16=False) or NANOPATCH_BF16=0)",
     )
-    fp32 = runner(["--no-bf16", str(script)], cwd=tmp_path)
-    assert fp32.returncode == 0, fp32.stderr
 
 
 # --- 3. -m module ----------------------------------------------------------------------------

@@ -1096,14 +1096,7 @@ def _train_with_a_function(steps: int) -> tuple[nn.Module, list[float]]:
     model = WithAFunction()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model.train()
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return model, losses
+    return model, [train_steps(model, optimizer, x, y, steps=1)[1].item() for _ in range(steps)]
 
 
 def test_a_custom_functions_backward_that_mixes_dtypes_runs_its_failing_ops_in_fp32(monkeypatch):

@@ -26,6 +26,8 @@ from nanopatch.engine import config
 from nanopatch.foundation import cpu
 from nanopatch.foundation.log import log_once
 
+from . import amp
+
 #: called, in the order the targets were applied, with each optimizer ``ipex.optimize`` gave an
 #: instance-level ``step`` (its fused one), which torch's optimizer step hooks never see
 _instance_step_listeners: list[Callable[[torch.optim.Optimizer], None]] = []
@@ -75,9 +77,9 @@ def why_not(model: nn.Module, optimizer: torch.optim.Optimizer, ipex: ModuleType
         if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
             return f"{type(sub).__name__}(sparse=True) makes sparse gradients, which IPEX's fused steps do not take"
     model_params = {id(p) for p in model.parameters()}
-    chosen = next((p.dtype for p in model.parameters() if p.is_floating_point() and p.dtype != torch.float32), None)
+    chosen = amp.chosen_weight_dtypes(model)
     if chosen is not None:
-        return f"the script gave the model {chosen} weights itself"
+        return chosen
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in model_params:

@@ -150,6 +150,12 @@ def in_stock_strides(tensors: Any) -> Any:
     return {**tensors, **found} if found else tensors
 
 
+def laid_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` (of ``param``'s shape) copied into ``param``'s strides, in its own dtype."""
+    with torch.no_grad():
+        return torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+
+
 def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:
     """Give each state tensor of ``optimizer`` (of the parameters whose ids are in ``params``,
     or all) that has its parameter's shape but other strides the parameter's strides, the same
@@ -171,7 +177,7 @@ def match_state_layout(optimizer: Any, params: set[int] | None = None) -> None:
                     and value.layout == torch.strided
                     and value.stride() != param.stride()
                 ):
-                    state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+                    state[key] = laid_like(param, value)
 
 
 # --- DistributedDataParallel's gradient buckets ---------------------------------------------

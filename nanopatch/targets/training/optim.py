@@ -16,6 +16,7 @@ import torch
 
 from nanopatch.foundation.log import log_once
 
+from . import memory_format as mf
 from . import selfcheck
 from .plan import context
 
@@ -131,22 +132,17 @@ class _LayoutGuard:
                 if grad is not None and grad.layout != torch.strided:
                     continue  # a sparse gradient: the sparse guard sends its group to torch's default step
                 if grad is not None and grad.stride() != strides and not _alike(p, grad):
-                    grad.data = _laid_like(p, grad)
+                    grad.data = mf.laid_like(p, grad)
                 for key, value in state.get(p, {}).items():
                     if isinstance(value, torch.Tensor) and value.shape == p.shape and value.stride() != strides:
                         if not _alike(p, value):
-                            state[p][key] = _laid_like(p, value)
+                            state[p][key] = mf.laid_like(p, value)
 
 
 def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` (one shape) put each element at the same flat offset: their strides
     agree wherever a dimension has more than one element."""
     return all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride(), strict=True))
-
-
-def _laid_like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 class _SparseGuard:

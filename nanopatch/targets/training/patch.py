@@ -198,8 +198,7 @@ def hint(exc: BaseException) -> str | None:
     flatten the channels-last weights nanopatch gave a model, or their gradients
     (``p.grad.view(-1)``, ``parameters_to_vector``); numpy has no bf16, and activations a hook
     kept from a model computing in bf16 are bf16 (``act.numpy()`` for a histogram)."""
-    text = str(exc)
-    flat = isinstance(exc, RuntimeError) and "view size is not compatible with input tensor's size" in text
+    flat = rescue.view_error(exc)
     numpy = isinstance(exc, TypeError) and rescue.dtype_error(exc)
     if not (flat or numpy):
         return None

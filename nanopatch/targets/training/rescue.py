@@ -37,9 +37,9 @@ from . import amp
 #: the view ops that channels-last strides make fail, and what does them by copying
 _VIEWS = {torch.Tensor.view: torch.Tensor.reshape}
 _VIEW_ERROR = "view size is not compatible with input tensor's size and stride"
-#: how torch's kernels say two tensors' dtypes differ
 #: how ``Tensor.numpy()`` (and numpy's ``np.asarray(tensor)``) says numpy has no bf16
 _NUMPY_ERROR = "unsupported ScalarType BFloat16"
+#: how torch's kernels say two tensors' dtypes differ
 _DTYPE_ERROR = re.compile(r"dtype|scalar type|same type|BFloat16|bfloat16|Half|cast", re.IGNORECASE)
 
 
@@ -58,8 +58,7 @@ class Rescue(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except (RuntimeError, TypeError) as exc:
-            text = str(exc)
-            if isinstance(exc, RuntimeError) and func in _VIEWS and _VIEW_ERROR in text:
+            if func in _VIEWS and view_error(exc):
                 result = _VIEWS[func](*args, **kwargs)
                 self.view_failed = self.view_failed or f"Tensor.{func.__name__}"
                 return result
@@ -71,6 +70,11 @@ class Rescue(TorchFunctionMode):
                 self.dtype_failed = self.dtype_failed or _first_line(exc)
                 return result
             raise
+
+
+def view_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is how ``Tensor.view`` says strides (channels-last ones) do not allow it."""
+    return isinstance(exc, RuntimeError) and _VIEW_ERROR in str(exc)
 
 
 def dtype_error(exc: BaseException) -> bool:
