@@ -9,10 +9,26 @@ is a synthetic data set of 8 batches, generated with a fixed seed and read throu
 * ``patched, untuned``: ``python -m nanopatch --no-tune worker.py``: the patches, no runtime tuning.
 * ``patched, tuned``: ``python -m nanopatch worker.py``: one process on all the cores, with the
   runtime tuning (``OMP_NUM_THREADS``, OpenMP affinity, an allocator preloaded).
-* ``patched, --nproc 2``: ``python -m nanopatch --nproc 2 worker.py``: two processes, each pinned
+* ``patched, tuned, no DataLoader``: the same, its timed steps taking batches the DataLoader
+  collated before them (one epoch of them, over again): against ``patched, tuned``, what the
+  loader costs a step (issue 40's target: at most 10%).
+* ``patched, one process on 1/N of the cores``: ``taskset -c <CPUs> python -m nanopatch
+  worker.py``, on the CPUs ``--nproc N`` gives its first process (so with its threads): N times
+  its rate is what N processes would train if nothing were shared, the base of weak scaling.
+* ``patched, N processes at once, no DDP``: N such processes started together, each on its
+  rank's CPUs, no process group, their timed steps side by side (they wait for each other before
+  them and train on after them until all are done): what the machine loses running N at once
+  (memory bandwidth, caches, clocks), without any all-reduce.
+* ``patched, --nproc N``: ``python -m nanopatch --nproc N worker.py``: N processes, each pinned
   to its share of the cores, the model in DistributedDataParallel (gloo), the loader sharded.
-  Each process trains batch 32, so a step is 64 images; the rate is the images of all ranks over
-  the slowest rank's time (DDP keeps the ranks in lock-step).
+  Each process trains batch 32, so a step is 32 N images; the rate is the images of all ranks
+  over the slowest rank's time (DDP keeps the ranks in lock-step). Weak scaling is its rate over
+  N times the one process on 1/N; it splits into the machine's part (the processes at once
+  against N alone) and DDP's (``--nproc N`` against the processes at once).
+* ``stock, torchrun --nproc N``: the script doing DDP itself under ``torchrun --standalone``, as
+  torch's DDP tutorial writes it (its memory is the base of ``--nproc N``'s).
+
+``--nproc 2,4,8`` runs the counted variants (the last four) once per count.
 
 The worker is this file run with ``--worker`` (the same file and arguments for every variant) and
 behaves as a plain training script: it builds its data, model and optimizer, runs ``--warmup``
@@ -55,7 +71,8 @@ How it is made fair:
   the most of any round. Above 5%, the report warns that the variant's rates are suspect.
 
     PYTHONPATH=. python bench/multi_instance.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
-        [--learning-steps 6] [--variants stock,untuned,tuned,nproc] [--nproc 2] [--json PATH]
+        [--learning-steps 6] [--variants stock,stock-nproc,untuned,tuned,no-loader,share,apart,nproc]
+        [--nproc 2[,4,8]] [--json PATH]
 
 ``--quick``: 2 rounds of 2 steps after 1 warm-up step, 3 learning steps. See bench/README.md.
 """

@@ -30,11 +30,12 @@ class Options:
 
 
 #: ``bench/run.py --server``: what a many-core server is measured with, each family's options (its
-#: quick mode added under ``--quick``). Sized to finish within 8 minutes on a 16-core Xeon with
+#: quick mode added under ``--quick``). Estimated at 12 minutes on a 16-core Xeon with
 #: AMX (from the 2026-11-27 figures there: ResNet-18 stock 0.56 s a step, the transformer 1 s,
 #: GPT-2 small through LoRA about 4 s stock and 1.5 s patched): the train_step models stock, by
-#: hand and patched with a profile of each; one process against --nproc 4 (NPROC: see
-#: :func:`server_nproc`); the Hugging Face
+#: hand and patched with a profile of each; one process (with and without its DataLoader) against
+#: --nproc 2, 4 and 8, each against one process on its share of the cores (weak scaling) and stock
+#: torchrun at the same count (memory; NPROC: see :func:`server_counts`); the Hugging Face
 #: Trainer fine-tuning GPT-2 small (124M parameters) through LoRA, stock, with the Trainer's own
 #: bf16, and patched.
 SERVER: dict[str, list[str]] = {
@@ -42,7 +43,10 @@ SERVER: dict[str, list[str]] = {
         "--models", "resnet18,transformer", "--variants", "stock,by-hand,patched", "--rounds", "2",
         "--steps", "3", "--profile", "2",
     ],
-    "multi_instance": ["--variants", "stock,stock-nproc,tuned,nproc", "--nproc", "NPROC", "--rounds", "2"],
+    "multi_instance": [
+        "--variants", "stock,stock-nproc,tuned,no-loader,share,nproc", "--nproc", "NPROC", "--rounds", "2",
+        "--steps", "3",
+    ],
     "frameworks": [
         "--variants", "hf-stock,hf-bf16,hf-nanopatch", "--hf-model", "gpt2", "--hf-size", "base", "--lora",
         "--rounds", "1", "--steps", "3",
@@ -103,22 +107,22 @@ def frameworks_label(variant: str) -> str:
     return re.sub(r"^(ddp|hf|timm)-", "", variant)
 
 
-def server_nproc() -> int:
-    """multi_instance's ``--nproc`` under ``--server``: 4, or as many processes as this machine has
-    physical cores where that is fewer (the runner refuses more; 2 on the 2-core VMs)."""
+def server_counts() -> str:
+    """multi_instance's ``--nproc`` under ``--server``: 2, 4 and 8 processes, those this machine has
+    the physical cores for (the runner refuses more; 2 alone on the 2-core VMs)."""
     try:
         from nanopatch.foundation import cpu
 
         cores = cpu.host_facts().physical_cores
     except Exception:  # an older checkout on PYTHONPATH: count the CPUs
         cores = max(1, len(os.sched_getaffinity(0)) // 2)
-    return max(2, min(4, cores))
+    return ",".join(str(n) for n in (2, 4, 8) if n == 2 or n <= cores)
 
 
 def server_args(name: str, quick: bool) -> list[str]:
     """A family's options under ``--server``; with ``--quick`` (a check that it all works, in a
     few minutes on 2 cores) GPT-2 at the frameworks bench's small size instead of GPT-2 small."""
-    found = [str(server_nproc()) if arg == "NPROC" else arg for arg in SERVER.get(name, [])]
+    found = [server_counts() if arg == "NPROC" else arg for arg in SERVER.get(name, [])]
     if quick and "--hf-size" in found:
         at = found.index("--hf-size")
         del found[at : at + 2]

@@ -210,9 +210,7 @@ def parse(
         parser.error("--plot goes with --compare")
     if opts.try_compile and (not opts.compare or opts.compile):
         parser.error("--try-compile goes with --compare, and without --compile (it tries both)")
-    if opts.nproc == "measure" and (
-        opts.cpus is not None or opts.cores_per_proc is not None or any(getattr(opts, n) for n in launch.PASSTHROUGH)
-    ):
+    if opts.nproc == "measure" and not _on_this_machine(opts):
         parser.error(
             "--nproc measure chooses the count on this machine: it goes with no --cpus, --cores-per-proc "
             "or multi-node option"
@@ -329,14 +327,24 @@ def _check(
 
 def _choose_processes(opts: argparse.Namespace, own: Sequence[str], target_argv: list[str]) -> None:
     """``--nproc measure``: the count this machine trains fastest with, measured now; otherwise
-    an earlier measurement of this command is recalled, for the advice."""
+    an earlier measurement of this command is recalled, for the advice, and ``--nproc auto``
+    trains with the count it chose."""
     from nanopatch.runtime import measure
 
     if opts.nproc == "measure":
         chosen, _, _ = measure.measure(own, target_argv)
         opts.nproc = chosen if chosen > 1 else None
     elif not opts.rank_worker:
-        measure.recall(own, target_argv)
+        follow = opts.nproc == "auto" and _on_this_machine(opts)
+        recalled = measure.recall(own, target_argv, follow=follow)
+        if follow and recalled is not None:
+            opts.nproc = recalled if recalled > 1 else None  # the count measure chose, run as measure runs it
+
+
+def _on_this_machine(opts: argparse.Namespace) -> bool:
+    """Whether the processes' count is this machine's to choose: no CPU sets, cores per process or
+    multi-node options given (``--nproc measure`` needs that; ``auto`` follows its figures then)."""
+    return opts.cpus is None and opts.cores_per_proc is None and not any(getattr(opts, n) for n in launch.PASSTHROUGH)
 
 
 def _tune(parser: argparse.ArgumentParser, opts: argparse.Namespace, may_reexec: bool) -> bool:

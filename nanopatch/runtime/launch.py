@@ -99,9 +99,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--nproc",
         type=_nproc,
         metavar="N|auto|measure",
-        help="run N pinned processes on this machine, data-parallel (auto: one per socket; measure: time the "
-        "script's first steps with 1, 2, 4, ... processes, each count started anew with its output hidden, and "
-        "train with the fastest; the figures are kept for the next run of the same command)",
+        help="run N pinned processes on this machine, data-parallel (measure: time the script's first steps with 1, "
+        "2, 4, ... processes, each count started anew with its output hidden, and train with the fastest; the "
+        "figures are kept for the next run of the same command; auto: the count a measure of the same command "
+        "chose, else one per socket)",
     )
     multi.add_argument("--cores-per-proc", type=_positive, metavar="K", help="physical cores per process")
     multi.add_argument(

@@ -254,15 +254,23 @@ def measure(
     return chosen, trials, line
 
 
-def recall(own: Sequence[str], target: Sequence[str], facts: cpu.CpuFacts | None = None) -> int | None:
+def recall(
+    own: Sequence[str], target: Sequence[str], facts: cpu.CpuFacts | None = None, follow: bool = False, log: Any = None
+) -> int | None:
     """For a run without ``--nproc measure``: the count an earlier measurement of the same
-    command chose, exported for the run's advice (None where there is no record)."""
+    command chose, exported for the run's advice (None where there is no record). ``follow``:
+    ``--nproc auto`` trains with that count, and says so (once, not again in the interpreter
+    restarted to preload an allocator)."""
     facts = cpu.host_facts() if facts is None else facts
     trials, date = _recorded(record_key(without_nproc(own), target, facts))
     if not trials:
         return None
     chosen = choose(trials)
     _export(chosen, trials, date)
+    if follow and not os.environ.get(tuning.REEXEC_MARKER):
+        log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
+        when = f"on {date}, kept in {records.cache_dir() / RECORD_FILE}"
+        log(f"--nproc auto follows {describe(trials, chosen, when)}")
     return chosen
 
 

@@ -1,8 +1,11 @@
 """bench/multi_instance.py runs end to end: the hidden tiny model at 32 px, batch 4, one round of
-every variant (plain python, torchrun with DDP by hand, the runner untuned and tuned, and --nproc
-2), and the JSON rows have the shape bench/run.py reads, with what each variant really ran with,
-its processes' peak memory against stock's at the same count, and its first steps judged against
-stock's (nanopatch.learning)."""
+every variant (plain python, torchrun with DDP by hand, the runner untuned and tuned, tuned with
+its timed steps skipping the DataLoader, one process on one rank's CPUs, two such processes at
+once without a process group, and --nproc 2), and the JSON rows have the shape bench/run.py
+reads, with what each variant really ran with, its processes' peak memory against stock's at the
+same count, its first steps judged against stock's (nanopatch.learning), and the comparisons
+issue 40 sets targets for (the DataLoader's cost, weak scaling, split into the machine's part and
+DDP's)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,16 @@ from nanopatch.foundation import cpu
 from conftest import REPO_ROOT, run_python
 from helpers.bench_reports import suite_benches
 
-NAMES = ["stock", "stock, torchrun --nproc 2", "patched, untuned", "patched, tuned", "patched, --nproc 2"]
+NAMES = [
+    "stock",
+    "stock, torchrun --nproc 2",
+    "patched, untuned",
+    "patched, tuned",
+    "patched, tuned, no DataLoader",
+    "patched, one process on 1/2 of the cores",
+    "patched, 2 processes at once, no DDP",
+    "patched, --nproc 2",
+]
 STOCK_NAMES = ("stock", "stock, torchrun --nproc 2")
 
 
@@ -116,7 +128,68 @@ def test_tiny_run_of_every_variant(tmp_path):
         rows["patched, tuned"]["rate"] / rows["patched, untuned"]["rate"]
     )
 
+    # the DataLoader's cost: the same steps with batches the loader collated before
+    no_loader = rows["patched, tuned, no DataLoader"]["details"]
+    assert no_loader["loader_timed"] == [False] and single[2]["loader_timed"] == [True]
+    assert "timed steps without the DataLoader" in proc.stdout
+    loader = labels["DataLoader: patched, tuned vs the same steps without its DataLoader"]
+    assert loader["ratio"] == pytest.approx(
+        rows["patched, tuned"]["rate"] / rows["patched, tuned, no DataLoader"]["rate"]
+    )
+    assert loader["target"] == 0.9 and loader["meets_target"] == (loader["ratio"] >= 0.9)
+    for row in report["rows"]:  # each step's wait for its batch, beside the step
+        assert 0 <= row["details"]["fetch_ms"] < row["details"]["step_ms"], row["variant"]
+    assert "- a timed step, median ms (of it, waiting for the batch): stock " in proc.stdout
+
+    # weak scaling: --nproc 2 against twice one process on the first rank's CPUs, threads alike
+    share = rows["patched, one process on 1/2 of the cores"]["details"]
+    assert share["processes"] == 1 and share["affinity"][0] == nproc["affinity"][0]
+    assert share["threads"][0] == nproc["threads"][0]
+    weak = labels["weak scaling: --nproc 2 vs 2 x one process on 1/2 of the cores"]
+    share_rate = rows["patched, one process on 1/2 of the cores"]["rate"]
+    assert weak["ratio"] == pytest.approx(rows["patched, --nproc 2"]["rate"] / (2 * share_rate))
+    assert weak["per_round"] == [pytest.approx(weak["ratio"])] and weak["target"] == 0.9
+    # ... split into what the machine loses running two at once and what DDP costs on top
+    apart = rows["patched, 2 processes at once, no DDP"]["details"]
+    assert apart["processes"] == 2 and apart["world_size"] == [1, 1] and apart["ddp"] == [False, False]
+    assert apart["loader_batches"] == [8, 8] and apart["affinity"] == nproc["affinity"]
+    machine_part = labels["this machine: 2 processes at once without DDP vs 2 x one alone"]["ratio"]
+    ddp_part = labels["DDP: --nproc 2 vs 2 processes at once without DDP"]["ratio"]
+    assert machine_part * ddp_part == pytest.approx(weak["ratio"])
+
     # what bench/run.py makes of it
     adapted = suite_benches.rows_of(suite_benches.BENCHES["multi_instance"], report)
     assert [(r["variant"], r["stock"]) for r in adapted] == [(n, n == "stock") for n in NAMES]
     assert all(r["rate"] > 0 and r["ratio_to_stock"] is not None for r in adapted)
+
+
+def test_counts_make_a_variant_each_and_weak_scaling_divides_by_the_count():
+    """``--nproc 2,4``: the counted variants (stock torchrun, share, apart, --nproc) run once per
+    count, named by it; weak scaling is N processes' rate over N times one process's on 1/N."""
+    import argparse
+
+    from families.multi_instance import launch, main, summary
+
+    assert main.counts("2,4,2") == [2, 4]
+    with pytest.raises(argparse.ArgumentTypeError):
+        main.counts("two")
+    keys = launch.expand(["stock", "share", "nproc"], [2, 4])
+    assert keys == ["stock", "share:2", "share:4", "nproc:2", "nproc:4"]
+    assert [launch.variant_name(k) for k in keys[1:]] == [
+        "patched, one process on 1/2 of the cores",
+        "patched, one process on 1/4 of the cores",
+        "patched, --nproc 2",
+        "patched, --nproc 4",
+    ]
+    assert launch.split("nproc:4") == ("nproc", 4) and launch.split("tuned") == ("tuned", 1)
+
+    def row(rates):
+        return {"variant": "v", "rate": sorted(rates)[1], "rates": rates, "rounds": [1, 2, 3]}
+
+    by_key = {"share:4": row([10.0, 11.0, 12.0]), "nproc:4": row([36.0, 40.0, 44.0]), "tuned": row([30.0] * 3)}
+    found = {c["label"]: c for c in summary.comparisons(by_key, [4])}
+    weak = found["weak scaling: --nproc 4 vs 4 x one process on 1/4 of the cores"]
+    assert weak["ratio"] == pytest.approx(40 / 44) and weak["per_round"] == pytest.approx([0.9, 40 / 44, 44 / 48])
+    assert weak["meets_target"] is True
+    assert found["--nproc 4 vs one process on all cores (patched, tuned)"]["ratio"] == pytest.approx(40 / 30)
+    assert "target" not in found["--nproc 4 vs one process on all cores (patched, tuned)"]

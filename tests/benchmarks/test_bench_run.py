@@ -274,10 +274,13 @@ def test_server_command_lines(tmp_path):
     out = tmp_path / "out.json"
     benches = suite_benches.BENCHES
     assert benches["train_step"].args(server, out) == [*suite_benches.SERVER["train_step"], "--json", str(out)]
-    nproc = str(max(2, min(4, cpu_facts.host_facts().physical_cores)))  # 4, or fewer on fewer cores
+    cores = cpu_facts.host_facts().physical_cores
+    counts = ",".join(str(n) for n in (2, 4, 8) if n == 2 or n <= cores)  # 2,4,8, or fewer on fewer cores
     assert benches["multi_instance"].args(server, out) == [
-        "--variants", "stock,stock-nproc,tuned,nproc", "--nproc", nproc, "--rounds", "2", "--json", str(out)
+        "--variants", "stock,stock-nproc,tuned,no-loader,share,nproc", "--nproc", counts, "--rounds", "2",
+        "--steps", "3", "--json", str(out)
     ]  # fmt: skip
+    assert suite_benches.server_counts() == ("2,4,8" if cores >= 8 else "2,4" if cores >= 4 else "2")
     full = benches["frameworks"].args(server, out)
     assert full[full.index("--hf-size") + 1] == "base" and "--lora" in full
     checked = benches["frameworks"].args(quick, out)

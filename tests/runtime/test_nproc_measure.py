@@ -12,7 +12,7 @@ import os
 import pytest
 
 from nanopatch.foundation import cpu, records
-from nanopatch.runtime import measure
+from nanopatch.runtime import measure, tuning
 from nanopatch.targets.breakdown import measure as trial_side
 from nanopatch.targets.training import patch as training
 
@@ -37,7 +37,7 @@ try:
         loss = nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         optimizer.step()
-    print("trained", os.environ.get("RANK", "0"))
+    print("trained", os.environ.get("RANK", "0"), "of", os.environ.get("WORLD_SIZE", "1"))
 finally:  # a trial must not get here: its steps end the process first
     if os.environ.get("RANK", "0") == "0":
         with open(sys.argv[1], "a") as f:
@@ -120,6 +120,13 @@ def test_a_measurement_is_kept_and_the_next_run_of_the_command_reads_it(monkeypa
     assert measure.recall(["-v"], ["train.py", "--epochs", "1"], facts_with(4)) == 2
     assert measure.figures()["chosen"] == 2
     assert measure.recall(["-v"], ["other.py"], facts_with(4)) is None
+    # --nproc auto follows the figures, and says so once (not again after the allocator's restart)
+    lines.clear()
+    assert measure.recall(["-v"], ["train.py", "--epochs", "1"], facts_with(4), follow=True, log=lines.append) == 2
+    assert lines == [f"--nproc auto follows {line}"], lines
+    monkeypatch.setenv(tuning.REEXEC_MARKER, "1")
+    assert measure.recall(["-v"], ["train.py", "--epochs", "1"], facts_with(4), follow=True, log=lines.append) == 2
+    assert len(lines) == 1
     # a record someone edited into nonsense is no record
     key = measure.record_key(["-v"], ["train.py", "--epochs", "1"], facts_with(4))
     records.write_record(key, {"trials": [{"nproc": 1, "rate": "fast"}]}, measure.RECORD_FILE)
@@ -205,9 +212,52 @@ def test_nproc_measure_times_each_count_and_trains_once_with_the_fastest(tmp_pat
     chosen = int(line.rsplit(" ", 1)[1])
     # the trials' output is hidden and their processes ended before the script's end: the
     # script's last lines ran once, in the run chosen
-    assert proc.stdout.splitlines() == ["trained 0"]
+    assert proc.stdout.splitlines() == [f"trained 0 of {chosen}"]
     assert done.read_text() == "finished\n"
-    (record,) = json.loads((tmp_path / "cache" / measure.RECORD_FILE).read_text()).values()
+    kept = tmp_path / "cache" / measure.RECORD_FILE
+    ((key, record),) = json.loads(kept.read_text()).items()
     assert [t["nproc"] for t in record["trials"]] == [1, 2]
     assert all(t["rate"] > 0 and t["unit"] == "samples/s" for t in record["trials"])
     assert measure.choose([measure.Trial(t["nproc"], t["rate"]) for t in record["trials"]]) == chosen
+
+    # --nproc auto: the count measured for the command, with no trials, said; with the figures
+    # made to favour the other count, that one
+    for count in (chosen, 3 - chosen):
+        rates = {1: 100.0, 2: 100.0 * (3.0 if count == 2 else 0.5)}
+        record["trials"] = [dict(t, rate=rates[t["nproc"]]) for t in record["trials"]]
+        kept.write_text(json.dumps({key: record}))
+        proc = run_python(
+            ["-m", "nanopatch", "--nproc", "auto", str(script), str(done)], cwd=tmp_path, env=env, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "--nproc measure: timing" not in proc.stderr  # no trials
+        assert f"--nproc auto follows --nproc measure (measured on {record['date']}" in proc.stderr, proc.stderr
+        assert f"training with {count}\n" in proc.stderr
+        assert proc.stdout.splitlines() == [f"trained 0 of {count}"]
+
+
+@pytest.mark.parametrize(
+    ("given", "count"),
+    [
+        (["--nproc", "auto"], 2),  # the count measured
+        (["--nproc", "auto", "--cores-per-proc", "1"], "auto"),  # the user's split: auto as before
+        (["--nproc", "auto", "--cpus", "0;1"], "auto"),
+        (["--nproc", "3"], 3),  # a number is a number
+    ],
+)
+def test_nproc_auto_trains_with_the_count_measure_chose_where_the_machine_chooses(monkeypatch, tmp_path, given, count):
+    from nanopatch.runner import cli
+
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(measure.FIGURES_VARIABLE, raising=False)
+    monkeypatch.delenv(tuning.REEXEC_MARKER, raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    target = [str(script), "--epochs", "1"]
+    own, opts, _, _, _ = cli.parse(cli.build_parser(), [*given, *target])
+    key = measure.record_key(measure.without_nproc(own), target, cpu.host_facts())  # this command's figures
+    trials = [{"nproc": 1, "rate": 100.0}, {"nproc": 2, "rate": 180.0}]
+    records.write_record(key, {"trials": trials, "date": "2026-12-02"}, measure.RECORD_FILE)
+    cli._choose_processes(opts, own, target)
+    assert opts.nproc == count
+    assert measure.figures()["chosen"] == 2  # the advice reads the figures either way

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import shlex
+import statistics
 from typing import Any
 
 import harness as h
 
 from families.multi_instance.launch import (
+    APART,
     GROUP,
+    NO_LOADER,
     NPROC,
+    SHARE,
     STOCK,
     STOCK_NPROC,
     TUNED,
     UNTUNED,
     command,
     facts_of,
+    split,
     variant_name,
 )
 
@@ -50,17 +55,22 @@ def ran_with(d: dict[str, Any]) -> str:
     if alloc is None and (any(d["jemalloc"]) or any(d["tcmalloc"])):
         alloc = "allocator differs between ranks"
     parts.append(alloc or "glibc malloc")
-    if d["processes"] > 1 or max(d["world_size"]) > 1:
+    if max(d["world_size"]) > 1:
         ddp = "DDP" if all(d["ddp"]) else "no DDP"
         parts.append(f"world {max(d['world_size'])} ({d['backend']}), {ddp}")
         parts.append(f"{d['loader_batches'][0]} batches/epoch per rank")
+    elif d["processes"] > 1:
+        parts.append(f"no process group, {d['loader_batches'][0]} batches/epoch each")
+    if not any(d.get("loader_timed", [True])):
+        parts.append("timed steps without the DataLoader")
     if d["nanopatch_imported"][0] and d["channels_last"][0]:
         parts.append("channels-last")
     return ", ".join(parts)
 
 
-def problems(key: str, d: dict[str, Any], physical_cores: int, nproc: int) -> list[str]:
+def problems(key: str, d: dict[str, Any], physical_cores: int) -> list[str]:
     """What a variant's details say it did not run as it should."""
+    key, nproc = split(key)
     found = []
     if key in (STOCK, STOCK_NPROC) and any(d["nanopatch_imported"]):
         found.append("nanopatch was imported")
@@ -79,7 +89,42 @@ def problems(key: str, d: dict[str, Any], physical_cores: int, nproc: int) -> li
             found.append("ranks saw the same first batch (loader not sharded)")
     elif max(d["world_size"]) != 1:
         found.append(f"world size {d['world_size']}")
+    if key == APART:
+        if d["processes"] != nproc:
+            found.append(f"{d['processes']} processes (expected {nproc})")
+        if physical_cores >= nproc and not d["disjoint_affinity"]:
+            found.append(f"processes' CPUs overlap: {' | '.join(d['affinity'])}")
+    if d.get("loader_timed") and any(d["loader_timed"]) == (key == NO_LOADER):
+        found.append(
+            "its timed steps took their batches from the DataLoader"
+            if key == NO_LOADER
+            else "its timed steps skipped the DataLoader"
+        )
     return found
+
+
+def share_problems(by_key: dict[str, dict[str, Any]]) -> None:
+    """The one process on a rank's share must run where and as --nproc's first rank runs."""
+    for key in by_key:
+        base, nproc = split(key)
+        share, ranks = (by_key.get(f"{k}:{nproc}", {}).get("details", {}) for k in (SHARE, NPROC))
+        if base != SHARE or "problems" not in share or "problems" not in ranks:
+            continue
+        for fact in ("affinity", "threads"):
+            if share[fact][0] != ranks[fact][0]:
+                share["problems"].append(
+                    f"{fact} {share[fact][0]}, where --nproc {nproc}'s first rank had {ranks[fact][0]}"
+                )
+
+
+def step_times(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median timed step of every run and rank, and the median wait for its batch in it, in ms."""
+    steps = [t for run in runs for r in run["ranks"] for t in r["step_s"]]
+    fetches = [t for run in runs for r in run["ranks"] for t in r.get("fetch_s", [])]
+    return {
+        "step_ms": statistics.median(steps) * 1000 if steps else None,
+        "fetch_ms": statistics.median(fetches) * 1000 if fetches else None,
+    }
 
 
 def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, cores: int, physical: int):
@@ -87,7 +132,7 @@ def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, core
     group = GROUP if args.model == "resnet18" else args.model
     for key in keys:
         ok = [r for r in runs[key] if "rate" in r]
-        name, command_line = variant_name(key, args.nproc), shlex.join(command(key, args, "OUT"))
+        name, command_line = variant_name(key), shlex.join(command(key, args, "OUT"))
         r = h.ranks_row("multi_instance", group, name, "img/s", runs[key], cores, stock=key == STOCK, key=key)
         r["command"] = command_line
         if ok:
@@ -95,37 +140,69 @@ def summarise(keys: list[str], runs: dict[str, list[dict[str, Any]]], args, core
             changed = [f for f in STABLE if any(facts_of(x)[f] != facts[f] for x in ok)]
             d = r["details"]
             d.update(facts, changed_between_rounds=changed, step_s_per_rank=[x["step_s"] for x in ok[-1]["ranks"]])
-            d["problems"] = problems(key, d, physical, args.nproc) + [f"{f} changed between rounds" for f in changed]
-        h.learning_row(r, h.record_of(runs[key]), h.record_of(runs.get(STOCK, [])), variant_name(STOCK, args.nproc))
+            d.update(step_times(ok))
+            d["problems"] = problems(key, d, physical) + [f"{f} changed between rounds" for f in changed]
+        h.learning_row(r, h.record_of(runs[key]), h.record_of(runs.get(STOCK, [])), variant_name(STOCK))
         rows.append(r)
         by_key[key] = r
+    share_problems(by_key)
     h.ratios_to(rows, by_key.get(STOCK))
     h.ratios_to(rows, by_key.get(TUNED), "ratio_to_tuned")
     return rows, by_key
 
 
-def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
-    pairs = [
-        (NPROC, TUNED, f"--nproc {nproc} vs one process on all cores (patched, tuned)"),
-        (NPROC, STOCK_NPROC, f"--nproc {nproc} vs stock torchrun --nproc {nproc} (DDP by hand)"),
-        (TUNED, UNTUNED, "tuned vs untuned single process"),
-        (TUNED, STOCK, "patched, tuned vs stock"),
-    ]
+#: issue 40's targets: a DataLoader costs at most 10% of the step; N processes train at least
+#: 90% of N times what one process trains on 1/N of the cores (weak scaling)
+LOADER_TARGET = 0.9
+SCALING_TARGET = 0.9
+
+
+def comparisons(by_key: dict[str, dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
+    """Ratios of one variant's rate to another's (median and per round); ``divisor`` makes the
+    weak-scaling efficiency (N processes against N times one process on 1/N of the cores)."""
+    pairs = []
+    for n in counts:
+        pairs += [
+            (f"{NPROC}:{n}", TUNED, f"--nproc {n} vs one process on all cores (patched, tuned)", 1, None),
+            (
+                f"{NPROC}:{n}",
+                f"{SHARE}:{n}",
+                f"weak scaling: --nproc {n} vs {n} x one process on 1/{n} of the cores",
+                n,
+                SCALING_TARGET,
+            ),
+            (
+                f"{APART}:{n}",
+                f"{SHARE}:{n}",
+                f"this machine: {n} processes at once without DDP vs {n} x one alone",
+                n,
+                None,
+            ),
+            (f"{NPROC}:{n}", f"{APART}:{n}", f"DDP: --nproc {n} vs {n} processes at once without DDP", 1, None),
+            (f"{NPROC}:{n}", f"{STOCK_NPROC}:{n}", f"--nproc {n} vs stock torchrun --nproc {n} (DDP by hand)", 1, None),
+        ]
+    pairs += [
+        (TUNED, NO_LOADER, "DataLoader: patched, tuned vs the same steps without its DataLoader", 1, LOADER_TARGET),
+        (TUNED, UNTUNED, "tuned vs untuned single process", 1, None),
+        (TUNED, STOCK, "patched, tuned vs stock", 1, None),
+    ]  # fmt: skip
     out = []
-    for a, b, label in pairs:
+    for a, b, label, divisor, target in pairs:
         ra, rb = by_key.get(a), by_key.get(b)
         if not ra or not rb or ra["rate"] is None or rb["rate"] is None:
             continue
         rounds = h.per_round(ra["rates"], ra["rounds"], rb["rates"], rb["rounds"])
-        out.append(
-            {
-                "label": label,
-                "variant": ra["variant"],
-                "against": rb["variant"],
-                "ratio": ra["rate"] / rb["rate"],
-                "per_round": rounds,
-            }
-        )
+        ratio = ra["rate"] / rb["rate"] / divisor
+        found = {
+            "label": label,
+            "variant": ra["variant"],
+            "against": rb["variant"],
+            "ratio": ratio,
+            "per_round": [r / divisor for r in rounds],
+        }
+        if target is not None:
+            found.update(target=target, meets_target=ratio >= target)
+        out.append(found)
     return out
 
 
@@ -133,15 +210,15 @@ def comparisons(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str,
 MEMORY_LIMIT = 1.3
 
 
-def memory(by_key: dict[str, dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
+def memory(by_key: dict[str, dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
     """The processes' peak resident memory, summed over the ranks of a run (the last round's),
     nanopatch's against stock's at the same process count."""
     out = []
-    for a, b, label in (
+    pairs = [
         (TUNED, STOCK, "one process: patched, tuned vs stock"),
         (UNTUNED, STOCK, "one process: patched, untuned vs stock"),
-        (NPROC, STOCK_NPROC, f"{nproc} processes: --nproc {nproc} vs stock torchrun"),
-    ):
+    ] + [(f"{NPROC}:{n}", f"{STOCK_NPROC}:{n}", f"{n} processes: --nproc {n} vs stock torchrun") for n in counts]
+    for a, b, label in pairs:
         da, db = (by_key.get(k, {}).get("details", {}) for k in (a, b))
         mine, theirs = da.get("total_peak_rss_mib"), db.get("total_peak_rss_mib")
         if not mine or not theirs:
@@ -203,7 +280,16 @@ def print_markdown(report: dict[str, Any]) -> None:
     for c in report["comparisons"]:
         rounds = c["per_round"]
         spread = f" (per round {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else ""
-        print(f"- **{c['label']}**: {c['ratio']:.2f}x{spread}")
+        target = ""
+        if "target" in c:
+            target = f"; target >= {c['target']:.2f}: {'met' if c['meets_target'] else '**not met**'}"
+        print(f"- **{c['label']}**: {c['ratio']:.2f}x{spread}{target}")
+    timed = [r for r in report["rows"] if r["rate"] is not None and r["details"].get("step_ms")]
+    if timed:
+        steps = "; ".join(
+            f"{r['variant']} {r['details']['step_ms']:.0f} ({r['details']['fetch_ms'] or 0:.1f})" for r in timed
+        )
+        print(f"- a timed step, median ms (of it, waiting for the batch): {steps}")
     for m in report.get("memory", []):
         verdict = "within" if m["within_limit"] else "**over**"
         print(
@@ -220,8 +306,7 @@ def print_markdown(report: dict[str, Any]) -> None:
     for row in report["rows"]:
         if row.get("learning"):
             print(f"- learning: {h.learning_line(row)}")
-    nproc_row = next((r for r in report["rows"] if r["key"] == NPROC and "problems" in r["details"]), None)
-    if nproc_row is not None:
+    for nproc_row in (r for r in report["rows"] if split(r["key"])[0] == NPROC and "problems" in r["details"]):
         d = nproc_row["details"]
         print(
             f"- `{nproc_row['variant']}` checks: CPUs of the ranks "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -50,6 +51,20 @@ def thread_cpus() -> dict[str, list[str]]:
     return {cpus: sorted(names) for cpus, names in sorted(found.items())}
 
 
+#: set by --apart's launcher in each of its processes: its number, and how many run at once
+INSTANCE_VARIABLE, INSTANCES_VARIABLE = "BENCH_INSTANCE", "BENCH_INSTANCES"
+
+
+def meet(folder: str, name: str, count: int, timeout_s: float = 600.0) -> None:
+    """Wait until ``count`` processes have reached this point (a file each in ``folder``)."""
+    Path(folder, f"{name}{os.environ[INSTANCE_VARIABLE]}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(folder).glob(f"{name}*"))) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: {count} processes did not all arrive within {timeout_s:.0f} s")
+        time.sleep(0.005)
+
+
 def still_measuring() -> bool:
     """Whether nanopatch, if this script runs under it, still measures something for a model
     (bf16 against fp32, channels-last against stock's layout), in any rank of a process group."""
@@ -66,7 +81,8 @@ def still_measuring() -> bool:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    rank = int(os.environ.get("RANK", "0"))  # only to name the output file
+    instance = os.environ.get(INSTANCE_VARIABLE)  # one of --apart's processes: no process group
+    rank = int(instance or os.environ.get("RANK", "0"))  # only to name the output file
     affinity_at_start = sorted(os.sched_getaffinity(0))
     started = time.perf_counter()
     import torch
@@ -100,9 +116,12 @@ def worker_main(args: argparse.Namespace) -> int:
 
     stream = batches()
     first_batch: list[float] = []
+    fetch_s: list[float] = []  # each step's wait for its batch
 
     def step() -> float:
+        before = time.perf_counter()
         x, y = next(stream)
+        fetch_s.append(time.perf_counter() - before)
         if not first_batch:
             first_batch.append(float(x.double().sum()) + float(y.sum()))
         optimizer.zero_grad()
@@ -129,6 +148,10 @@ def worker_main(args: argparse.Namespace) -> int:
     while trial_steps < MAX_TRIAL_STEPS and still_measuring():
         step()
         trial_steps += 1
+    if args.no_loader:  # the same steps without the loader's work: one epoch it collated, over again
+        stream = itertools.cycle(list(loader))
+    if instance is not None:  # the processes at once time their steps together
+        meet(args.worker, "ready", int(os.environ[INSTANCES_VARIABLE]))
     warmed = time.perf_counter()
     step_s = []
     cpu_start = time.process_time()
@@ -139,6 +162,10 @@ def worker_main(args: argparse.Namespace) -> int:
         step_s.append(time.perf_counter() - before)
     elapsed = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
+    if instance is not None:  # untimed steps until every process has timed its own: all timed side by side
+        Path(args.worker, f"done{rank}").touch()
+        while len(list(Path(args.worker).glob("done*"))) < int(os.environ[INSTANCES_VARIABLE]):
+            step()
 
     # what it ran with, asked after the timing (queries only)
     import torch.distributed as dist
@@ -154,6 +181,7 @@ def worker_main(args: argparse.Namespace) -> int:
         "seconds": elapsed,
         "cpu_s": cpu_s,
         "step_s": step_s,
+        "fetch_s": fetch_s[-args.steps :],
         "loss": loss,
         "setup_s": built - started,
         "warmup_s": warmed - built,
@@ -172,6 +200,7 @@ def worker_main(args: argparse.Namespace) -> int:
         "backend": str(dist.get_backend()) if initialised else None,
         "ddp": any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()),
         "loader_batches": len(loader),
+        "loader_timed": not args.no_loader,
         "data_checksum": first_batch[0] if first_batch else None,
         "param_checksum": checksum,
         "channels_last": None
