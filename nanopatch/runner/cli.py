@@ -337,8 +337,9 @@ def _choose_processes(opts: argparse.Namespace, own: Sequence[str], target_argv:
     elif not opts.rank_worker:
         follow = opts.nproc == "auto" and _on_this_machine(opts)
         recalled = measure.recall(own, target_argv, follow=follow)
-        if follow and recalled is not None:
-            opts.nproc = recalled if recalled > 1 else None  # the count measure chose, run as measure runs it
+        if follow:  # the count measure chose, else one per socket; one process runs as one, not a group of one
+            count = recalled if recalled is not None else measure.per_socket()
+            opts.nproc = count if count > 1 else None
 
 
 def _on_this_machine(opts: argparse.Namespace) -> bool:

@@ -274,6 +274,21 @@ def recall(
     return chosen
 
 
+def per_socket(facts: cpu.CpuFacts | None = None, log: Any = None) -> int:
+    """``--nproc auto`` where no measurement of the command is kept: one process per socket,
+    said once (not again in the interpreter restarted to preload an allocator)."""
+    facts = cpu.host_facts() if facts is None else facts
+    count = tuning.auto_nproc(facts)
+    if not os.environ.get(tuning.REEXEC_MARKER):
+        log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
+        runs = "1 process" if count == 1 else f"{count} processes"
+        log(
+            f"--nproc auto: one process per socket, {runs} here (no --nproc measure figures for this command: "
+            "it times 1, 2, 4, ... processes, and auto follows them)"
+        )
+    return count
+
+
 def figures(environ: Any = None) -> dict[str, Any] | None:
     """The measured figures exported for this run, or None."""
     text = (os.environ if environ is None else environ).get(FIGURES_VARIABLE)

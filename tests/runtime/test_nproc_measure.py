@@ -261,3 +261,25 @@ def test_nproc_auto_trains_with_the_count_measure_chose_where_the_machine_choose
     cli._choose_processes(opts, own, target)
     assert opts.nproc == count
     assert measure.figures()["chosen"] == 2  # the advice reads the figures either way
+
+
+def test_nproc_auto_without_figures_runs_one_process_per_socket_and_says_so(monkeypatch, tmp_path, capsys):
+    from nanopatch.runner import cli
+
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))  # no figures kept
+    monkeypatch.delenv(measure.FIGURES_VARIABLE, raising=False)
+    monkeypatch.delenv(tuning.REEXEC_MARKER, raising=False)
+    lines = []
+    two_sockets = dataclasses.replace(facts_with(4), sockets=2)
+    assert measure.per_socket(two_sockets, log=lines.append) == 2
+    assert lines == [
+        "--nproc auto: one process per socket, 2 processes here (no --nproc measure figures for this command: "
+        "it times 1, 2, 4, ... processes, and auto follows them)"
+    ]
+    base = facts_with(4)
+    for sockets, count in ((1, None), (2, 2)):  # one process runs as one process, not a process group of one
+        monkeypatch.setattr(cpu, "host_facts", lambda s=sockets: dataclasses.replace(base, sockets=s))
+        own, opts, _, _, _ = cli.parse(cli.build_parser(), ["--nproc", "auto", "train.py"])
+        cli._choose_processes(opts, own, ["train.py"])
+        assert opts.nproc == count
+    assert "one process per socket, 1 process here" in capsys.readouterr().err
