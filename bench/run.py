@@ -19,8 +19,8 @@ and one PNG chart per bench (the speed-up over stock per pipeline or model).
 stock, by hand and patched with profiles; multi_instance's one process, with and without its
 DataLoader, against ``--nproc 2``, ``4`` and ``8`` with their weak scaling and memory; the
 Hugging Face Trainer fine-tuning GPT-2 small through LoRA, stock, with its own bf16 and patched:
-``suite/benches.py``'s ``SERVER``), estimated at 12 minutes on 16 cores (not yet timed on one:
-multi_instance's weak scaling at three counts takes about 7 of them, so a 15-minute lease runs it
+``suite/benches.py``'s ``SERVER``), estimated at 14 minutes on 16 cores (not yet timed on one:
+multi_instance's weak scaling at three counts takes about 9 of them, so a 15-minute lease runs it
 as ``--server --only multi_instance`` and ``--server --only train_step,frameworks``); its files are named
 ``<date>-<hostname>-server``. ``--quick`` runs every bench's quick mode (and 5 rounds of
 import_cost): a few minutes on 2 cores, to check that everything works, not to quote.
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     parser.add_argument(
         "--server",
         action="store_true",
-        help=f"a many-core server's run: {', '.join(SERVER)} at server sizes, about 12 minutes on 16 cores "
+        help=f"a many-core server's run: {', '.join(SERVER)} at server sizes, about 14 minutes on 16 cores "
         "(with --quick: their quick modes)",
     )
     parser.add_argument("--only", help=f"comma-separated, of {', '.join(benches)} (default: all that exist)")

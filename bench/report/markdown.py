@@ -94,6 +94,26 @@ def roof_text(r: dict[str, Any]) -> str:
     return f"{r['roof_fraction']:.0%} of roof" if r.get("roof_fraction") is not None else ""
 
 
+def comparison_lines(raw: dict[str, Any]) -> list[str]:
+    """A bench's own comparisons (multi_instance's weak scaling, the DataLoader's cost, ...) with
+    their per-round range and target, and its memory against stock's, where its JSON has them."""
+    found = []
+    for c in raw.get("comparisons") or []:
+        rounds = c.get("per_round") or []
+        spread = f" (per round {min(rounds):.2f}-{max(rounds):.2f}x)" if rounds else ""
+        target = ""
+        if "target" in c:
+            target = f"; target >= {c['target']:.2f}: {'met' if c['meets_target'] else '**not met**'}"
+        found.append(f"- {c['label']}: {c['ratio']:.2f}x{spread}{target}")
+    for m in raw.get("memory") or []:
+        verdict = "within" if m["within_limit"] else "**over**"
+        found.append(
+            f"- memory, {m['label']}: {m['mib']:.0f} MiB against {m['against_mib']:.0f} ({m['ratio']:.2f}x, {verdict} "
+            "the limit)"
+        )
+    return ["", *found] if found else []
+
+
 def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[str, str]) -> str:
     m, v, git = results.get("machine", {}), results.get("versions", {}), results.get("git", {})
     date = results.get("started", "")[:10]
@@ -185,6 +205,7 @@ def markdown(results: dict[str, Any], benches: dict[str, Bench], charts: dict[st
         if notes:
             lines.append("")
             lines += [f"- {note}" for note in notes]
+        lines += comparison_lines(entry.get("raw") or {})
         judged = [r for r in rows if r.get("learning")]
         if judged:
             lines += ["", "Learning, per variant against stock's run (loss and gradient count per step):", ""]

@@ -30,12 +30,13 @@ class Options:
 
 
 #: ``bench/run.py --server``: what a many-core server is measured with, each family's options (its
-#: quick mode added under ``--quick``). Estimated at 12 minutes on a 16-core Xeon with
+#: quick mode added under ``--quick``). Estimated at 14 minutes on a 16-core Xeon with
 #: AMX (from the 2026-11-27 figures there: ResNet-18 stock 0.56 s a step, the transformer 1 s,
 #: GPT-2 small through LoRA about 4 s stock and 1.5 s patched): the train_step models stock, by
 #: hand and patched with a profile of each; one process (with and without its DataLoader) against
-#: --nproc 2, 4 and 8, each against one process on its share of the cores (weak scaling) and stock
-#: torchrun at the same count (memory; NPROC: see :func:`server_counts`); the Hugging Face
+#: --nproc 2, 4 and 8, each against one process on its share of the cores (weak scaling), as many
+#: processes at once without DDP (its parts) and stock torchrun at the same count (memory; NPROC:
+#: see :func:`server_counts`); the Hugging Face
 #: Trainer fine-tuning GPT-2 small (124M parameters) through LoRA, stock, with the Trainer's own
 #: bf16, and patched.
 SERVER: dict[str, list[str]] = {
@@ -44,7 +45,7 @@ SERVER: dict[str, list[str]] = {
         "--steps", "3", "--profile", "2",
     ],
     "multi_instance": [
-        "--variants", "stock,stock-nproc,tuned,no-loader,share,nproc", "--nproc", "NPROC", "--rounds", "2",
+        "--variants", "stock,stock-nproc,tuned,no-loader,share,apart,nproc", "--nproc", "NPROC", "--rounds", "2",
         "--steps", "3",
     ],
     "frameworks": [

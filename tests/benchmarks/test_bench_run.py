@@ -277,7 +277,7 @@ def test_server_command_lines(tmp_path):
     cores = cpu_facts.host_facts().physical_cores
     counts = ",".join(str(n) for n in (2, 4, 8) if n == 2 or n <= cores)  # 2,4,8, or fewer on fewer cores
     assert benches["multi_instance"].args(server, out) == [
-        "--variants", "stock,stock-nproc,tuned,no-loader,share,nproc", "--nproc", counts, "--rounds", "2",
+        "--variants", "stock,stock-nproc,tuned,no-loader,share,apart,nproc", "--nproc", counts, "--rounds", "2",
         "--steps", "3", "--json", str(out)
     ]  # fmt: skip
     assert suite_benches.server_counts() == ("2,4,8" if cores >= 8 else "2,4" if cores >= 4 else "2")
@@ -688,3 +688,28 @@ def test_chart_draws_no_speed_up_for_a_variant_that_does_not_learn():
     assert "compile" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "2.00x" in texts and "does not learn" in texts and not any("3.00" in t for t in texts)
     assert any("does not learn: no speed-up drawn" in t for t in texts)
+
+
+def test_a_benchs_own_comparisons_and_memory_are_in_the_report():
+    """multi_instance's weak scaling, DataLoader cost and memory (its JSON's ``comparisons`` and
+    ``memory``) reach run.py's Markdown, with the per-round range and the target's verdict."""
+    raw = {
+        "comparisons": [
+            {
+                "label": "weak scaling: x",
+                "ratio": 0.87,
+                "per_round": [0.86, 0.89],
+                "target": 0.9,
+                "meets_target": False,
+            },
+            {"label": "tuned vs untuned single process", "ratio": 1.0, "per_round": [0.94, 1.0]},
+        ],
+        "memory": [{"label": "one process", "mib": 1985.0, "against_mib": 2065.0, "ratio": 0.96, "within_limit": True}],
+    }
+    assert report_markdown.comparison_lines(raw) == [
+        "",
+        "- weak scaling: x: 0.87x (per round 0.86-0.89x); target >= 0.90: **not met**",
+        "- tuned vs untuned single process: 1.00x (per round 0.94-1.00x)",
+        "- memory, one process: 1985 MiB against 2065 (0.96x, within the limit)",
+    ]
+    assert report_markdown.comparison_lines({"rows": []}) == []

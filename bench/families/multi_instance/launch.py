@@ -1,5 +1,6 @@
 """multi_instance's variants and how each is launched (stock, stock torchrun --nproc N with DDP by hand,
-nanopatch untuned, tuned, tuned without a DataLoader, one process on one rank's share of the cores, --nproc N),
+nanopatch untuned, tuned, tuned without a DataLoader, one process on one rank's share of the cores, N such
+processes at once without a process group, --nproc N),
 in a clean environment, one fresh process group per run; frameworks.py shares its environment.
 """
 
@@ -10,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any
 
 import harness as h
@@ -100,8 +102,13 @@ def apart_main(argv: list[str]) -> int:
         )
         for i, group in enumerate(rank_cpus(count))
     ]
-    codes = [p.wait() for p in processes]
-    return next((code for code in codes if code), 0)
+    while any(p.poll() is None for p in processes):  # one failing stops the others (they would wait for it)
+        if any(p.poll() for p in processes):
+            for p in processes:
+                if p.poll() is None:
+                    p.terminate()
+        time.sleep(0.1)
+    return next((p.returncode for p in processes if p.returncode), 0)
 
 
 def pinned(cpus: tuple[int, ...]) -> list[str]:
