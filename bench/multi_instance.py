@@ -9,6 +9,9 @@ is a synthetic data set of 8 batches, generated with a fixed seed and read throu
 * ``patched, untuned``: ``python -m nanopatch --no-tune worker.py``: the patches, no runtime tuning.
 * ``patched, tuned``: ``python -m nanopatch worker.py``: one process on all the cores, with the
   runtime tuning (``OMP_NUM_THREADS``, OpenMP affinity, an allocator preloaded).
+* ``patched, tuned, threads not pinned`` and ``patched, tuned, glibc malloc``: the tuning less its
+  pinning (``--no-pin-threads``) or less its allocator (``--allocator default``): what each
+  setting does on its own.
 * ``patched, tuned, no DataLoader``: the same, its timed steps taking batches the DataLoader
   collated before them (one epoch of them, over again): against ``patched, tuned``, what the
   loader costs a step (issue 40's target: at most 10%).
@@ -71,7 +74,7 @@ How it is made fair:
   the most of any round. Above 5%, the report warns that the variant's rates are suspect.
 
     PYTHONPATH=. python bench/multi_instance.py [--quick] [--rounds 3] [--steps 5] [--warmup 2]
-        [--learning-steps 6] [--variants stock,stock-nproc,untuned,tuned,no-loader,share,apart,nproc]
+        [--learning-steps 6] [--variants stock,stock-nproc,untuned,tuned,unpinned,glibc,no-loader,share,apart,nproc]
         [--nproc 2[,4,8]] [--json PATH]
 
 ``--quick``: 2 rounds of 2 steps after 1 warm-up step, 3 learning steps. See bench/README.md.

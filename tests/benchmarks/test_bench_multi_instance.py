@@ -23,6 +23,8 @@ NAMES = [
     "stock, torchrun --nproc 2",
     "patched, untuned",
     "patched, tuned",
+    "patched, tuned, threads not pinned",
+    "patched, tuned, glibc malloc",
     "patched, tuned, no DataLoader",
     "patched, one process on 1/2 of the cores",
     "patched, 2 processes at once, no DDP",
@@ -108,6 +110,7 @@ def test_tiny_run_of_every_variant(tmp_path):
     memory = {m["label"]: m for m in report["memory"]}
     assert sorted(memory) == [
         "2 processes: --nproc 2 vs stock torchrun",
+        "one process: patched, tuned on glibc's malloc vs stock",
         "one process: patched, tuned vs stock",
         "one process: patched, untuned vs stock",
     ]
@@ -127,6 +130,15 @@ def test_tiny_run_of_every_variant(tmp_path):
     assert labels["tuned vs untuned single process"]["ratio"] == pytest.approx(
         rows["patched, tuned"]["rate"] / rows["patched, untuned"]["rate"]
     )
+
+    # the tuning's settings one at a time: its pinning, its allocator
+    unpinned, glibc = (rows[f"patched, tuned, {n}"]["details"] for n in ("threads not pinned", "glibc malloc"))
+    assert unpinned["env"][0]["GOMP_CPU_AFFINITY"] is None and unpinned["tcmalloc"] == single[2]["tcmalloc"]
+    assert glibc["tcmalloc"] == [False] and glibc["jemalloc"] == [False] and glibc["env"][0]["LD_PRELOAD"] is None
+    assert glibc["env"][0]["GOMP_CPU_AFFINITY"] == single[2]["env"][0]["GOMP_CPU_AFFINITY"]
+    for label, name in (("pinning", "threads not pinned"), ("allocator", "glibc malloc")):
+        found = next(c for c in report["comparisons"] if c["label"].startswith(f"the tuning's {label}: "))
+        assert found["ratio"] == pytest.approx(rows["patched, tuned"]["rate"] / rows[f"patched, tuned, {name}"]["rate"])
 
     # the DataLoader's cost: the same steps with batches the loader collated before
     no_loader = rows["patched, tuned, no DataLoader"]["details"]

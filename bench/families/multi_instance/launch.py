@@ -22,7 +22,8 @@ SETTLE_S = 0.5  # pause before each run
 GROUP = "resnet18"
 STOCK, STOCK_NPROC, UNTUNED, TUNED, NPROC = "stock", "stock-nproc", "untuned", "tuned", "nproc"
 NO_LOADER, SHARE, APART = "no-loader", "share", "apart"
-VARIANTS = (STOCK, STOCK_NPROC, UNTUNED, TUNED, NO_LOADER, SHARE, APART, NPROC)
+UNPINNED, GLIBC = "unpinned", "glibc"  # the tuning less one of its settings
+VARIANTS = (STOCK, STOCK_NPROC, UNTUNED, TUNED, UNPINNED, GLIBC, NO_LOADER, SHARE, APART, NPROC)
 MODELS = ("resnet18", "tiny")  # tiny: a small CNN, for the test suite
 #: environment variables no variant inherits from the caller
 CLEARED = (
@@ -67,6 +68,8 @@ def variant_name(key: str) -> str:
         STOCK_NPROC: f"stock, torchrun --nproc {nproc}",
         UNTUNED: "patched, untuned",
         TUNED: "patched, tuned",
+        UNPINNED: "patched, tuned, threads not pinned",
+        GLIBC: "patched, tuned, glibc malloc",
         NO_LOADER: "patched, tuned, no DataLoader",
         SHARE: f"patched, one process on 1/{nproc} of the cores",
         APART: f"patched, {nproc} processes at once, no DDP",
@@ -159,6 +162,8 @@ def command(key: str, args: argparse.Namespace, out: str, learn: int = 0) -> lis
         STOCK_NPROC: ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)],
         UNTUNED: ["-m", "nanopatch", "--no-tune"],
         TUNED: ["-m", "nanopatch"],
+        UNPINNED: ["-m", "nanopatch", "--no-pin-threads"],
+        GLIBC: ["-m", "nanopatch", "--allocator", "default"],
         NO_LOADER: ["-m", "nanopatch"],
         SHARE: ["-m", "nanopatch"],
         APART: [],

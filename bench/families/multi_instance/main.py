@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         default=",".join(VARIANTS),
         help="comma-separated, of stock (plain python), stock-nproc (torchrun --nproc-per-node N, the script "
         "doing DDP itself, OMP_NUM_THREADS its share of the cores), untuned (python -m nanopatch --no-tune), tuned "
-        "(python -m nanopatch), no-loader (the same, its timed steps taking batches its DataLoader collated before), "
+        "(python -m nanopatch), unpinned (the same, --no-pin-threads), glibc (the same, --allocator default), "
+        "no-loader (the same, its timed steps taking batches its DataLoader collated before), "
         "share (python -m nanopatch on the CPUs --nproc N gives its first process), apart (N such processes at once, "
         "each on its rank's CPUs, no process group), nproc (python -m nanopatch "
         "--nproc N) (default: %(default)s)",

@@ -10,6 +10,7 @@ import harness as h
 
 from families.multi_instance.launch import (
     APART,
+    GLIBC,
     GROUP,
     NO_LOADER,
     NPROC,
@@ -17,6 +18,7 @@ from families.multi_instance.launch import (
     STOCK,
     STOCK_NPROC,
     TUNED,
+    UNPINNED,
     UNTUNED,
     command,
     facts_of,
@@ -184,6 +186,8 @@ def comparisons(by_key: dict[str, dict[str, Any]], counts: list[int]) -> list[di
     pairs += [
         (TUNED, NO_LOADER, "DataLoader: patched, tuned vs the same steps without its DataLoader", 1, LOADER_TARGET),
         (TUNED, UNTUNED, "tuned vs untuned single process", 1, None),
+        (TUNED, UNPINNED, "the tuning's pinning: tuned vs the same with threads not pinned", 1, None),
+        (TUNED, GLIBC, "the tuning's allocator: tuned vs the same on glibc's malloc", 1, None),
         (TUNED, STOCK, "patched, tuned vs stock", 1, None),
     ]  # fmt: skip
     out = []
@@ -217,6 +221,7 @@ def memory(by_key: dict[str, dict[str, Any]], counts: list[int]) -> list[dict[st
     pairs = [
         (TUNED, STOCK, "one process: patched, tuned vs stock"),
         (UNTUNED, STOCK, "one process: patched, untuned vs stock"),
+        (GLIBC, STOCK, "one process: patched, tuned on glibc's malloc vs stock"),
     ] + [(f"{NPROC}:{n}", f"{STOCK_NPROC}:{n}", f"{n} processes: --nproc {n} vs stock torchrun") for n in counts]
     for a, b, label in pairs:
         da, db = (by_key.get(k, {}).get("details", {}) for k in (a, b))
