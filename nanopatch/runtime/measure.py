@@ -197,6 +197,11 @@ def run_trial(nproc: int, options: Sequence[str], target: Sequence[str], steps: 
     return trial
 
 
+def _say(line: str) -> None:
+    """The runner's line on stderr."""
+    print(f"nanopatch: {line}", file=sys.stderr, flush=True)
+
+
 def _recorded(key: str) -> tuple[list[Trial], str | None]:
     record = records.read_record(key, RECORD_FILE)
     if record is None:
@@ -230,7 +235,7 @@ def measure(
     if given is not None and os.environ.get(tuning.REEXEC_MARKER) and isinstance(given.get("chosen"), int):
         return given["chosen"], [], ""  # this command again, in the interpreter restarted to preload an allocator
     facts = cpu.host_facts() if facts is None else facts
-    log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
+    log = log or _say
     options = without_nproc(own)
     key = record_key(options, target, facts)
     trials, date = _recorded(key)
@@ -268,7 +273,7 @@ def recall(
     chosen = choose(trials)
     _export(chosen, trials, date)
     if follow and not os.environ.get(tuning.REEXEC_MARKER):
-        log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
+        log = log or _say
         when = f"on {date}, kept in {records.cache_dir() / RECORD_FILE}"
         log(f"--nproc auto follows {describe(trials, chosen, when)}")
     return chosen
@@ -280,7 +285,7 @@ def per_socket(facts: cpu.CpuFacts | None = None, log: Any = None) -> int:
     facts = cpu.host_facts() if facts is None else facts
     count = tuning.auto_nproc(facts)
     if not os.environ.get(tuning.REEXEC_MARKER):
-        log = log or (lambda line: print(f"nanopatch: {line}", file=sys.stderr, flush=True))
+        log = log or _say
         runs = "1 process" if count == 1 else f"{count} processes"
         log(
             f"--nproc auto: one process per socket, {runs} here (no --nproc measure figures for this command: "
