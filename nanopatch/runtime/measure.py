@@ -81,9 +81,15 @@ def without_nproc(own: Sequence[str]) -> list[str]:
     return argv.without(own, valued=("--nproc",))
 
 
+#: runner options that change what a run says, not how fast it trains: not part of a record's key
+#: (``-v --nproc auto`` follows the figures ``--nproc measure`` kept)
+SAYING = ("-v", "-vv", "-vvv", "--verbose", "--all-ranks-print")
+
+
 def record_key(options: Sequence[str], target: Sequence[str], facts: cpu.CpuFacts) -> str:
-    """The script (its path made absolute), its arguments, the runner's options, this
-    interpreter and the CPUs the run may use."""
+    """The script (its path made absolute), its arguments, the runner's options but those that
+    only change what it says, this interpreter and the CPUs the run may use."""
+    options = argv.without(options, flags=SAYING)
     target = list(target)
     if target and target[0] != "-m":
         target[0] = os.path.abspath(target[0])

@@ -85,6 +85,15 @@ def test_the_runner_options_keep_all_but_the_count():
     assert measure.without_nproc(["--nproc=measure", "--compile"]) == ["--compile"]
 
 
+def test_a_records_key_leaves_out_what_only_changes_the_output():
+    facts = facts_with(2)
+    key = measure.record_key(["--no-bf16"], ["train.py"], facts)
+    assert measure.record_key(["-v", "--no-bf16", "--all-ranks-print"], ["train.py"], facts) == key
+    assert measure.record_key(["-vv", "--no-bf16"], ["train.py"], facts) == key
+    assert measure.record_key([], ["train.py"], facts) != key  # an option that changes the speed counts
+    assert measure.record_key(["--no-bf16"], ["train.py", "--epochs", "2"], facts) != key
+
+
 def test_a_measurement_is_kept_and_the_next_run_of_the_command_reads_it(monkeypatch, tmp_path):
     monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(measure.FIGURES_VARIABLE, raising=False)
