@@ -209,6 +209,7 @@ def test_profile(tiny_run):
         conversion = profile["conversion"]
         assert 0 <= conversion["ms"] <= conversion["copy_all"]["ms"]
         assert conversion["copy_unknown_dtypes"]["ms"] == 0  # every aten::copy_ had its dtypes recorded
+        assert profile["faults_per_step"] >= 0  # the profiled steps' page faults, held against the timed ones'
         assert f"#### Profile: tiny, {variant}" in proc.stdout
     # autocast casts fp32 weights and activations to bf16: conversions that the fp32 step does not make
     for variant in ("by-hand", *LIGHTNING[:1]):
@@ -368,3 +369,52 @@ def test_the_roof_and_each_rows_fraction_of_it(tiny_run):
         assert row["roof_fraction"] == pytest.approx(row["model_flops"] / max(roof["matmul_flops"].values()))
     assert "Roof: this machine's 2048x2048 matrix product, bf16 " in proc.stdout
     assert "| model GFLOP/s | of roof |" in proc.stdout
+
+
+def test_a_profile_that_page_faulted_more_than_the_timed_steps_says_so():
+    """A profiled step that page-faults far more often than a timed one (the profiler's records
+    moving the step's tensors onto new pages) gets a warning above its table; one that faults as
+    the timed steps do, a report from before the count, or too few faults to matter, none."""
+    load_bench()
+    from families.train_step import summary
+
+    row = {"samples": [{"faults": 0}, {"faults": 30}]}  # 2 samples of 3 steps: 5 a step
+    warning = summary.page_faults_inflate({"faults_per_step": 11268.5}, row, 3)
+    assert warning and "11,268 times a step against 5" in warning and "inflated" in warning
+    assert summary.page_faults_inflate({"faults_per_step": 6.0}, row, 3) is None
+    assert summary.page_faults_inflate({}, row, 3) is None  # an older report
+    faulting = {"samples": [{"faults": 339885}]}  # stock's steps fault in every step: 113,295 a step
+    assert summary.page_faults_inflate({"faults_per_step": 150000.0}, faulting, 3) is None
+    assert summary.page_faults_inflate({"faults_per_step": 242700.5}, faulting, 3)
+
+
+SETTLED = """
+import resource, sys
+import torch
+sys.path.insert(0, "bench")
+from nanopatch.runtime import malloc
+from families.train_step import profiling
+
+done, why = malloc.keep_freed_memory()  # glibc's malloc as nanopatch tunes it in a patched process
+if not done:
+    print("untuned", why)
+    raise SystemExit(0)
+if sys.argv[1] == "settle":
+    assert profiling.settle_heap(256 << 20) == 256 << 20
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = torch.ones(32 << 18)  # 32 MiB, every page written
+print("faults", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_settling_the_heap_gives_a_later_block_touched_pages(settle):
+    """Under glibc's malloc as nanopatch tunes it (nothing mapped, nothing trimmed), a 32 MiB
+    block made after profiling.settle_heap lands on pages already touched: no page faults; made
+    without it, it grows the heap and faults once a page (the profiled steps' case)."""
+    proc = run_python(["-c", SETTLED, "settle" if settle else "plain"], cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if proc.stdout.startswith("untuned"):
+        pytest.skip(proc.stdout.strip())
+    faults = int(proc.stdout.split()[-1])
+    assert faults < 500 if settle else faults > 4000, proc.stdout

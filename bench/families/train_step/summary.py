@@ -239,7 +239,7 @@ def print_markdown(report: dict[str, Any]) -> None:
                 print(f"- {note}")
         for row in rows:
             if row.get("profile"):
-                print_profile(model, row)
+                print_profile(model, row, report["steps"])
     print(
         "\nRates: median over the rounds of (steps x samples per step / wall time of the steps). min-max and IQR "
         "(interquartile range / median): the spread of those samples. CPU: the worker's CPU time / (wall time x "
@@ -267,8 +267,9 @@ def targets_text(targets: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def print_profile(model: str, row: dict[str, Any]) -> None:
-    """One variant's profile: the top ops by self CPU time and the share of dtype conversion."""
+def print_profile(model: str, row: dict[str, Any], steps: int) -> None:
+    """One variant's profile: the top ops by self CPU time and the share of dtype conversion
+    (``steps``: the steps of each timed sample, whose page faults the profiled ones are held against)."""
     profile = row["profile"]
     print(f"\n#### Profile: {model}, {row['variant']}\n")
     if "error" in profile:
@@ -282,6 +283,9 @@ def print_profile(model: str, row: dict[str, Any]) -> None:
             f"**Other processes took {load:.0%} of the machine's CPU time while this was profiled: the times "
             "below are inflated by their contention.**\n"
         )
+    inflated = page_faults_inflate(profile, row, steps)
+    if inflated:
+        print(f"**{inflated}**\n")
     print(
         f"{h.plural(profile['steps'], 'step')} under torch.profiler after the timed rounds: "
         f"{profile['step_ms']:.1f} ms per step (unprofiled: {row['step_s'] * 1000:.1f} ms); all ops' self CPU "
@@ -299,6 +303,30 @@ def print_profile(model: str, row: dict[str, Any]) -> None:
     print("|---|---:|---:|---:|")
     for op in profile["ops"]:
         print(f"| `{h.cell(op['name'])}` | {op['self_ms']:.2f} | {op['share']:.1%} | {op['calls']:g} |")
+
+
+#: a profiled step that page-faults this many times more than a timed one (and at least
+#: :data:`PROFILE_FAULTS_MIN` times) is flagged: its memory-bound operators' times are not the step's
+PROFILE_FAULTS_RATIO = 2.0
+PROFILE_FAULTS_MIN = 1000
+
+
+def page_faults_inflate(profile: dict[str, Any], row: dict[str, Any], steps: int) -> str | None:
+    """A warning where the profiled steps page-faulted far more than the timed ones (the
+    profiler's own memory moving the steps' tensors onto new pages; see profiling.settle_heap),
+    else None. Reports without the count (older ones) get none."""
+    profiled = profile.get("faults_per_step")
+    samples = [s for s in row.get("samples", []) if s.get("faults") is not None]
+    if profiled is None or not samples or steps < 1:
+        return None
+    timed = sum(s["faults"] for s in samples) / (len(samples) * steps)
+    if profiled < PROFILE_FAULTS_MIN or profiled < PROFILE_FAULTS_RATIO * timed:
+        return None
+    return (
+        f"The profiled steps page-faulted {profiled:,.0f} times a step against {timed:,.0f} in the timed "
+        "steps: the times of memory-bound operators below (copies, fills, element-wise and softmax "
+        "kernels) are inflated by first touches of new memory that the timed steps do not make."
+    )
 
 
 def interpreters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
