@@ -10,7 +10,7 @@ with the machine, the versions, the git commit and the command, to
 ``<out>/<YYYY-MM-DD>-<hostname>.json``; beside it a Markdown summary (``.md``, one table per bench)
 and one PNG chart per bench (the speed-up over stock per pipeline or model).
 
-    PYTHONPATH=. python bench/run.py [--quick] [--server]
+    PYTHONPATH=. python bench/run.py [--quick] [--server] [--minutes M]
                                      [--only decode,transforms,train_step,import_cost,multi_instance,frameworks]
                                      [--ipex-python PATH] [--out bench/results] [--timeout SECONDS] [--readme]
     PYTHONPATH=. python bench/run.py --render bench/results/<file>.json [--readme]
@@ -19,10 +19,12 @@ and one PNG chart per bench (the speed-up over stock per pipeline or model).
 stock, by hand and patched with profiles; multi_instance's one process, with and without its
 DataLoader, against ``--nproc 2``, ``4`` and ``8`` with their weak scaling and memory; the
 Hugging Face Trainer fine-tuning GPT-2 small through LoRA, stock, with its own bf16 and patched:
-``suite/benches.py``'s ``SERVER``), estimated at 14 minutes on 16 cores (not yet timed on one:
-multi_instance's weak scaling at three counts takes about 9 of them, so a 15-minute lease runs it
-as ``--server --only multi_instance`` and ``--server --only train_step,frameworks``); its files are named
-``<date>-<hostname>-server``. ``--quick`` runs every bench's quick mode (and 5 rounds of
+``suite/benches.py``'s ``SERVER``), estimated at 14 minutes on 16 cores if run whole (not yet timed
+on one), so it runs inside a time budget, 8 minutes unless ``--minutes`` says otherwise: each of
+those families gets its share (``BUDGET_SHARES``; what one leaves unused passes to the next) as
+``--until``, and starts no run, set-up, profile or roof measurement that its runs so far say would
+end after it; what it left out is named in its report (a variant never run reads "not run"). The
+files are named ``<date>-<hostname>-server``. ``--quick`` runs every bench's quick mode (and 5 rounds of
 import_cost): a few minutes on 2 cores, to check that everything works, not to quote.
 ``--render`` rewrites the Markdown and the charts from
 an existing JSON without running anything; ``--readme`` prints a compact Markdown table for the
@@ -46,7 +48,7 @@ from pathlib import Path
 import harness as h  # bench/ is this script's folder, first on sys.path
 from report.readme import readme_table
 from report.render import render
-from suite.benches import BENCH_DIR, BENCHES, SERVER, Bench
+from suite.benches import BENCH_DIR, BENCHES, BUDGET_SHARES, SERVER, SERVER_MINUTES, Bench
 from suite.runner import display_path, run
 
 
@@ -58,8 +60,8 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     parser.add_argument(
         "--server",
         action="store_true",
-        help=f"a many-core server's run: {', '.join(SERVER)} at server sizes, about 14 minutes on 16 cores "
-        "(with --quick: their quick modes)",
+        help=f"a many-core server's run: {', '.join(SERVER)} at server sizes, inside --minutes "
+        f"(default {SERVER_MINUTES:g}) (with --quick: their quick modes)",
     )
     parser.add_argument("--only", help=f"comma-separated, of {', '.join(benches)} (default: all that exist)")
     parser.add_argument(
@@ -70,6 +72,12 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
     )
     parser.add_argument("--timeout", type=float, help="stop a bench that runs longer than this many seconds (failed)")
     parser.add_argument(
+        "--minutes",
+        type=float,
+        help=f"a time budget: {', '.join(BUDGET_SHARES)} start no run expected to end after their share of it "
+        f"and report what they left out (default {SERVER_MINUTES:g} with --server, else none)",
+    )
+    parser.add_argument(
         "--render", metavar="JSON", help="re-render the Markdown and charts of this results file; runs nothing"
     )
     parser.add_argument("--readme", action="store_true", help="print a compact Markdown table for the project README")
@@ -78,6 +86,10 @@ def main(argv: Sequence[str] | None = None, benches: dict[str, Bench] | None = N
         args.only = h.parse_names(args.only, benches, "--only", parser)
     elif args.server:
         args.only = [name for name in SERVER if name in benches]
+    if args.minutes is None and args.server:
+        args.minutes = SERVER_MINUTES
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error("--minutes must be > 0")
     if args.render:
         path = Path(args.render)
         try:

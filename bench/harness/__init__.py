@@ -4,7 +4,7 @@ One row schema serves every bench's JSON (``rows``), its own table and ``bench/r
 see :func:`harness.rows.row`.
 """
 
-from .cli import ROUND_DEFAULTS, add_round_options, finish, parse_names, round_defaults
+from .cli import ROUND_DEFAULTS, add_round_options, add_until, finish, parse_names, round_defaults
 from .learning import (
     _STANDALONE_LEARNING,
     DOES_NOT_LEARN,
@@ -48,7 +48,7 @@ from .processes import (
     run_process_group,
     run_ranks,
 )
-from .rounds import interleave, per_round, record_of, recording_first, rotated
+from .rounds import NOT_RUN, fits, interleave, left_out, not_run, per_round, record_of, recording_first, rotated
 from .rows import BUSY_CPU_SHARE, OTHER_LOAD_WARNING, SUSPECT_MARK, ratios_to, row, spread, suspect
 from .text import cell, cpu_line, fmt, log, one_line, plural, shown_path, tail
 
@@ -56,6 +56,7 @@ __all__ = [
     "BUSY_CPU_SHARE",
     "DOES_NOT_LEARN",
     "LEARNING_STEPS",
+    "NOT_RUN",
     "OTHER_LOAD_WARNING",
     "REPO_ROOT",
     "ROUND_DEFAULTS",
@@ -67,6 +68,7 @@ __all__ = [
     "LoadMeter",
     "Probe",
     "add_round_options",
+    "add_until",
     "adopt_descendants",
     "cell",
     "children_cpu_s",
@@ -76,6 +78,7 @@ __all__ = [
     "dtype_name",
     "finish",
     "first_steps",
+    "fits",
     "fmt",
     "git_state",
     "inside",
@@ -87,6 +90,7 @@ __all__ = [
     "learning_line",
     "learning_row",
     "learns",
+    "left_out",
     "load_average",
     "load_warning",
     "log",
@@ -95,6 +99,7 @@ __all__ = [
     "mapped_library",
     "measuring",
     "mem_total_gib",
+    "not_run",
     "one_line",
     "parse_names",
     "per_round",

@@ -52,6 +52,18 @@ def add_round_options(parser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="2 rounds of 2 steps after 1 warm-up step and 3 learning steps"
     )
+    add_until(parser)
+
+
+def add_until(parser) -> None:
+    """--until: the time budget bench/run.py --minutes hands each bench."""
+    parser.add_argument(
+        "--until",
+        type=float,
+        metavar="EPOCH_S",
+        help="start no run that is expected to end after this time (seconds since the epoch; bench/run.py "
+        "--minutes sets it); what is left out is named in the report",
+    )
 
 
 def round_defaults(args) -> None:

@@ -45,23 +45,63 @@ def record_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return None
 
 
-def interleave(names: Sequence[str], rounds: int, run_one, log, settle_s: float):
+#: what a run the time budget left out says in its variant's row (a variant that never ran)
+NOT_RUN = "not run: the time budget (--until) ended before it"
+
+
+def fits(until: float | None, seconds: float, clock=time.time) -> bool:
+    """Whether something expected to take ``seconds`` ends by ``until`` (seconds since the epoch,
+    as ``--until`` gives it; None: no budget)."""
+    return until is None or clock() + seconds <= until
+
+
+def interleave(
+    names: Sequence[str], rounds: int, run_one, log, settle_s: float, until: float | None = None, clock=time.time
+):
     """Run every name once per round, the order rotated each round, pausing ``settle_s`` before
     each. ``run_one(name)`` returns a dict (``rate`` or ``error``); each gets its ``round``.
+    With ``until`` (``--until``: seconds since the epoch), a run is made only where it is expected
+    to end by then: a name's last run's time, or for a name not run yet the mean of the runs so
+    far (the first run of all is always made); a run left out is named in its round's
+    ``skipped``, and a name that never ran gets one result with :data:`NOT_RUN` as its error.
     Returns ({name: [results]}, [{"order": [...]}, ...])."""
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     orders = []
+    took: dict[str, float] = {}
     for index in range(rounds):
         order = rotated(names, index)
         orders.append({"order": order})
         log(f"round {index + 1}/{rounds}: {', '.join(order)}")
         for name in order:
+            expected = took.get(name, sum(took.values()) / len(took) if took else 0.0)
+            if took and not fits(until, settle_s + expected, clock):  # (the first run of all is made)
+                orders[-1].setdefault("skipped", []).append(name)
+                left = max(0.0, (until or 0.0) - clock())
+                log(f"  {name}: not run: the time budget ends in {left:.0f} s, a run takes ~{expected:.0f} s")
+                continue
             time.sleep(settle_s)
+            started = clock()
             result = run_one(name)
+            took[name] = clock() - started
             result["round"] = index
             runs[name].append(result)
             if "rate" in result:
                 log(f"  {name}: {result['rate']:.3g} ({result['wall_s']:.0f} s)")
             else:
                 log(f"  {name}: FAILED: {result['error']}\n{result.get('log', '')}")
+    for results in runs.values():
+        if not results:
+            results.append({"error": NOT_RUN, "round": None, "not_run": True})
     return runs, orders
+
+
+def left_out(orders: Sequence[dict[str, Any]]) -> str | None:
+    """The report's line on the runs the time budget left out (rounds as :func:`interleave`
+    returns them), or None where it left none out."""
+    parts = [f"round {i + 1}: {', '.join(o['skipped'])}" for i, o in enumerate(orders) if o.get("skipped")]
+    return f"the time budget (--until) left out {'; '.join(parts)}" if parts else None
+
+
+def not_run(row: dict[str, Any]) -> bool:
+    """Whether a variant's row is one the time budget never ran."""
+    return row.get("rate") is None and row.get("error") == NOT_RUN

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,12 @@ class Options:
     quick: bool = False
     ipex_python: str | None = None
     server: bool = False  # bench/run.py --server: SERVER's families at server sizes
+    until: float | None = None  # --until for a family that takes it (BUDGET_SHARES): bench/run.py --minutes
 
 
 #: ``bench/run.py --server``: what a many-core server is measured with, each family's options (its
-#: quick mode added under ``--quick``). Estimated at 14 minutes on a 16-core Xeon with
+#: quick mode added under ``--quick``), inside bench/run.py's ``--minutes`` (:data:`SERVER_MINUTES`
+#: by default: :data:`BUDGET_SHARES`). Estimated at 14 minutes whole on a 16-core Xeon with
 #: AMX (from the 2026-11-27 figures there: ResNet-18 stock 0.56 s a step, the transformer 1 s,
 #: GPT-2 small through LoRA about 4 s stock and 1.5 s patched): the train_step models stock, by
 #: hand and patched with a profile of each; one process (with and without its DataLoader) against
@@ -130,9 +132,34 @@ def server_args(name: str, quick: bool) -> list[str]:
     return found
 
 
+#: the families that take ``--until`` (start no run expected to end after it), each with its share
+#: of bench/run.py's ``--minutes``: multi_instance's many process groups the most
+BUDGET_SHARES = {"train_step": 0.3, "multi_instance": 0.45, "frameworks": 0.25}
+#: ``--minutes`` under ``--server`` where not given: issue 40's 8 minutes on 16 cores, inside a
+#: device lease's 10-minute command
+SERVER_MINUTES = 8.0
+#: seconds of each family's share kept for what follows its last run (the report, a roof measurement)
+BUDGET_MARGIN_S = 20.0
+
+
+def deadlines(names: Sequence[str], minutes: float, start: float) -> dict[str, float]:
+    """Each family's ``--until`` (seconds since the epoch) under a budget of ``minutes`` from
+    ``start``, run in the order of ``names``: its share (:data:`BUDGET_SHARES`, among the families
+    run) added to the ones before it, less :data:`BUDGET_MARGIN_S`, so that time an earlier family
+    leaves unused passes to the next. Families without a share get none."""
+    shares = {n: BUDGET_SHARES[n] for n in names if n in BUDGET_SHARES}
+    total = sum(shares.values())
+    out, spent = {}, 0.0
+    for name, share in shares.items():
+        spent += minutes * 60 * share / total
+        out[name] = start + spent - BUDGET_MARGIN_S
+    return out
+
+
 def _quick(options: Options, name: str = "") -> list[str]:
-    """``--quick`` where asked, and the family's server options under ``--server``."""
-    return (["--quick"] if options.quick else []) + (server_args(name, options.quick) if options.server else [])
+    """``--quick`` where asked, the family's server options under ``--server``, and its ``--until``."""
+    until = ["--until", f"{options.until:.0f}"] if options.until is not None and name in BUDGET_SHARES else []
+    return (["--quick"] if options.quick else []) + (server_args(name, options.quick) if options.server else []) + until
 
 
 def json_to_stdout(options: Options, _: Path) -> list[str]:

@@ -5,6 +5,7 @@ the machine facts and the results file bench/run.py writes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -26,7 +27,7 @@ from report.markdown import duration
 from report.readme import readme_table
 from report.render import render
 
-from .benches import REPO_ROOT, SCHEMA, Bench, Options, rows_of
+from .benches import REPO_ROOT, SCHEMA, Bench, Options, deadlines, rows_of
 
 LOG_TAIL_LINES = 40
 
@@ -267,9 +268,14 @@ def run(args: argparse.Namespace, argv: Sequence[str], benches: dict[str, Bench]
     }
     write_json(json_path, results)
     progress = Progress(len(selected))
+    minutes = getattr(args, "minutes", None)
+    until = {} if minutes is None else deadlines([b.name for b in selected], minutes, time.time())
+    if minutes is not None:
+        results["budget"] = {"minutes": minutes, "until": until}
     try:
         for bench in selected:
-            entry = run_bench(bench, options, out_dir / f"{stem}-{bench.name}.log", progress, args.timeout)
+            asked = dataclasses.replace(options, until=until.get(bench.name))
+            entry = run_bench(bench, asked, out_dir / f"{stem}-{bench.name}.log", progress, args.timeout)
             results["benches"][bench.name] = entry
             if entry["status"] == "ok":
                 results["rows"].extend(entry["rows"])

@@ -16,7 +16,7 @@ import pytest
 from nanopatch.foundation import cpu
 
 from conftest import REPO_ROOT, run_python
-from helpers.bench_reports import suite_benches
+from helpers.bench_reports import h, suite_benches
 
 NAMES = [
     "stock",
@@ -205,3 +205,28 @@ def test_counts_make_a_variant_each_and_weak_scaling_divides_by_the_count():
     assert weak["meets_target"] is True
     assert found["--nproc 4 vs one process on all cores (patched, tuned)"]["ratio"] == pytest.approx(40 / 30)
     assert "target" not in found["--nproc 4 vs one process on all cores (patched, tuned)"]
+
+
+def test_until_leaves_out_the_runs_that_would_end_after_it(tmp_path):
+    """--until (bench/run.py --minutes' share): the first run is made, the runs expected to end
+    after it are not; a variant never run is a row that says so, and the report names what was
+    left out, round by round."""
+    import time
+
+    out = tmp_path / "mi.json"
+    script = str(REPO_ROOT / "bench" / "multi_instance.py")
+    tiny = ["--model", "tiny", "--image-size", "32", "--batch", "4", "--rounds", "2", "--steps", "1", "--warmup", "1"]
+    tiny += ["--learning-steps", "1", "--variants", "stock,tuned", "--until", f"{time.time() + 1:.0f}"]
+    proc = run_python([script, *tiny, "--json", str(out)], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # a row with a rate: stock's
+    report = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert rows["stock"]["rate"] is not None and len(rows["stock"]["rates"]) == 1
+    assert rows["patched, tuned"]["rate"] is None and rows["patched, tuned"]["error"] == h.NOT_RUN
+    assert report["round_orders"] == [
+        {"order": ["stock", "patched, tuned"], "skipped": ["patched, tuned"]},
+        {"order": ["patched, tuned", "stock"], "skipped": ["patched, tuned", "stock"]},
+    ]
+    assert "| patched, tuned | not run |" in proc.stdout
+    assert "- the time budget (--until) left out round 1: patched, tuned; round 2: patched, tuned, stock" in proc.stdout
+    assert "run(s) failed" not in proc.stdout

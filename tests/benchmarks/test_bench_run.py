@@ -5,6 +5,8 @@ Also the benches' own row builders on made-up samples. Nothing asserts on a timi
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import textwrap
 from pathlib import Path
@@ -286,6 +288,54 @@ def test_server_command_lines(tmp_path):
     checked = benches["frameworks"].args(quick, out)
     assert checked[0] == "--quick" and "--hf-size" not in checked and "--lora" in checked
     assert benches["decode"].args(server, out) == ["--json"]  # not a server family: unchanged
+    budgeted = suite_benches.Options(server=True, until=1234.4)
+    assert benches["train_step"].args(budgeted, out) == [
+        *suite_benches.SERVER["train_step"], "--until", "1234", "--json", str(out)
+    ]  # fmt: skip
+    assert benches["decode"].args(budgeted, out) == ["--json"]  # takes no --until
+
+
+def test_deadlines_share_the_minutes_in_the_order_run():
+    """--minutes: each family that takes --until gets its share of the budget added to those run
+    before it (time one leaves unused passes on), less a margin for its report; others get none."""
+    shares, margin = suite_benches.BUDGET_SHARES, suite_benches.BUDGET_MARGIN_S
+    found = suite_benches.deadlines(["decode", "train_step", "multi_instance", "frameworks"], 8, 1000.0)
+    assert list(found) == ["train_step", "multi_instance", "frameworks"]
+    assert found["train_step"] == pytest.approx(1000 + 480 * shares["train_step"] - margin)
+    two = shares["train_step"] + shares["multi_instance"]
+    assert found["multi_instance"] == pytest.approx(1000 + 480 * two - margin)
+    assert found["frameworks"] == pytest.approx(1000 + 480 - margin)
+    assert suite_benches.deadlines(["multi_instance"], 2, 0.0) == {"multi_instance": 120 - margin}
+
+
+def test_interleave_makes_only_the_runs_expected_to_end_in_time():
+    """A run is made where it is expected to end by --until: a name's last run's time, or the mean
+    of the runs so far for one not run yet (the first run of all always); what is left out is
+    named per round, and a name never run gets one result saying so."""
+    now = [1000.0]
+    took = {"a": 10.0, "b": 20.0, "c": 30.0}
+
+    def run_one(name):
+        now[0] += took[name]
+        return {"rate": 1.0, "wall_s": took[name]}
+
+    runs, orders = h.interleave(["a", "b", "c"], 2, run_one, lambda _: None, 0.0, until=1075.0, clock=lambda: now[0])
+    # round 1: a (nothing known), b (~10 s: ends 1030), c (~15 s: ends 1045); round 2 from 1060:
+    # b (20 s) and c (30 s) would end after 1075, a (10 s) ends at 1070
+    assert [len(runs[n]) for n in "abc"] == [2, 1, 1] and now[0] == 1070.0
+    assert orders == [{"order": ["a", "b", "c"]}, {"order": ["b", "c", "a"], "skipped": ["b", "c"]}]
+    assert h.left_out(orders) == "the time budget (--until) left out round 2: b, c"
+
+    now[0] = 1000.0
+    runs, orders = h.interleave(["a", "b"], 2, run_one, lambda _: None, 0.0, until=1005.0, clock=lambda: now[0])
+    assert len(runs["a"]) == 1 and runs["b"] == [{"error": h.NOT_RUN, "round": None, "not_run": True}]
+    assert h.not_run({"rate": None, "error": runs["b"][0]["error"]}) and not h.not_run({"rate": None, "error": "x"})
+    assert orders[0]["skipped"] == ["b"] and orders[1]["skipped"] == ["b", "a"]
+    now[0] = 2000.0  # a budget ended before the first run: that one is made all the same
+    runs, orders = h.interleave(["a", "b"], 1, run_one, lambda _: None, 0.0, until=1005.0, clock=lambda: now[0])
+    assert len(runs["a"]) == 1 and runs["b"][0]["error"] == h.NOT_RUN
+    runs, orders = h.interleave(["a", "b"], 2, run_one, lambda _: None, 0.0)  # no budget: every run
+    assert [len(runs[n]) for n in "ab"] == [2, 2] and h.left_out(orders) is None
 
 
 def test_server_runs_the_server_families_and_names_its_files(tmp_path, quick_facts):
@@ -296,6 +346,30 @@ def test_server_runs_the_server_families_and_names_its_files(tmp_path, quick_fac
     results = json.loads(path.read_text())
     assert path.stem.endswith("-server") and results["server"] is True and results["quick"] is True
     assert list(results["benches"]) == list(suite_benches.SERVER)
+    budget = results["budget"]  # --server: 8 minutes unless --minutes says otherwise, shared out as --until
+    assert budget["minutes"] == suite_benches.SERVER_MINUTES and list(budget["until"]) == list(suite_benches.SERVER)
+    started = dt.datetime.fromisoformat(results["started"]).timestamp()
+    assert budget["until"]["frameworks"] == pytest.approx(started + 480 - suite_benches.BUDGET_MARGIN_S, abs=5)
+
+
+def test_minutes_hands_each_budgeted_family_its_until(tmp_path, quick_facts):
+    """--minutes without --server: the families that take --until get it on their command line
+    (the fake benches print theirs), the others run as before."""
+
+    def args(options, _):
+        return ["--until", f"{options.until:.0f}"] if options.until is not None else []
+
+    registry = {
+        name: dataclasses.replace(fake_bench(tmp_path, name, GOOD), args=args) for name in ("decode", "multi_instance")
+    }
+    out = tmp_path / "results"
+    assert run.main(["--minutes", "2", "--out", str(out)], benches=registry) == 0
+    (path,) = out.glob("*.json")
+    results = json.loads(path.read_text())
+    until = results["budget"]["until"]
+    assert list(until) == ["multi_instance"]
+    assert results["benches"]["multi_instance"]["raw"]["argv"] == ["--until", f"{until['multi_instance']:.0f}"]
+    assert results["benches"]["decode"]["raw"]["argv"] == []
 
 
 def test_parse_json_output_skips_lines_before_it():

@@ -418,3 +418,33 @@ def test_settling_the_heap_gives_a_later_block_touched_pages(settle):
         pytest.skip(proc.stdout.strip())
     faults = int(proc.stdout.split()[-1])
     assert faults < 500 if settle else faults > 4000, proc.stdout
+
+
+def test_until_makes_only_what_fits_and_says_what_it_left_out(tmp_path):
+    """--until already past: the first model's first variant is still set up and run once (a
+    report with a rate), everything else is left out and named: the other variant never started,
+    round 2, the roof, the profile and the second model."""
+    import time
+
+    out = tmp_path / "until.json"
+    args = [str(REPO_ROOT / "bench" / "train_step.py"), "--quick", "--models", "tiny,resnet18"]
+    args += ["--variants", "stock,patched", "--rounds", "2", "--profile", "1", "--until", f"{time.time():.0f}"]
+    proc = run_python([*args, "--json", str(out)], cwd=REPO_ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(r["group"], r["variant"]): r for r in report["rows"]}
+    assert rows["tiny", "stock"]["rate"] is not None and len(rows["tiny", "stock"]["rates"]) == 1
+    assert rows["tiny", "stock"]["profile"] == {"error": h_not_run()}
+    for key in (("tiny", "patched"), ("resnet18", "stock"), ("resnet18", "patched")):
+        assert rows[key]["rate"] is None and rows[key]["status"] == "not run" and rows[key]["note"] == h_not_run()
+    assert report["models"]["tiny"]["rounds"][1]["skipped"] == ["stock"]
+    assert report["models"]["tiny"]["roof"]["matmul_flops"] is None
+    assert "- the time budget (--until) left out round 2: stock" in proc.stdout
+    assert "| patched | not run |" in proc.stdout
+
+
+def h_not_run() -> str:
+    load_bench()
+    import harness
+
+    return harness.NOT_RUN

@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="nanopatch-frameworks-") as workdir:
         run = h.recording_first(lambda n, learn: run_once(VARIANTS[n], args, env, workdir, learn), args.learning_steps)
-        runs, orders = h.interleave(names, args.rounds, run, log, SETTLE_S)
+        runs, orders = h.interleave(names, args.rounds, run, log, SETTLE_S, args.until)
     rows = summarise(names, runs, args, cores)
     roof = None
-    if any(VARIANTS[n].group == "hf" for n in names):
+    if any(VARIANTS[n].group == "hf" for n in names) and not h.fits(args.until, 0):
+        log("hf: the roof is not measured: the time budget (--until) has ended")
+    elif any(VARIANTS[n].group == "hf" for n in names):
         log("hf: the model's work per sample and this machine's matmul rates (--roof)")
         roof = measure_roof(args, env)
         with_roof(
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         "warmup": args.warmup,
         "learning_steps": args.learning_steps,
         "quick": args.quick,
+        "until": args.until,
         "round_orders": orders,
         "rows": rows,
         "roof": roof,

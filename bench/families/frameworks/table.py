@@ -66,8 +66,11 @@ def print_markdown(report: dict[str, Any]) -> None:
         if d["load_warning"]:
             print(f"- warning: `{row['variant']}`: {d['load_warning']}")
     for row in report["rows"]:
-        if row.get("failed_runs"):
+        if row.get("failed_runs") and not h.not_run(row):
             print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {h.cell(row['error'])}")
+    budget = h.left_out(report.get("round_orders", []))
+    if budget:
+        print(f"- {budget}")
     judged = [r for r in report["rows"] if r.get("learning")]
     if judged:
         print(
@@ -94,7 +97,7 @@ def cells(row: dict[str, Any], second: bool, roofed: bool = False) -> list[str]:
     if h.learns(row) is False:  # no rate: the verdict instead
         return [row["variant"], h.DOES_NOT_LEARN, *empty, h.cell(row["note"])]
     if row["rate"] is None:
-        return [row["variant"], "failed", *empty, h.cell(row.get("error", "?"))]
+        return [row["variant"], "not run" if h.not_run(row) else "failed", *empty, h.cell(row.get("error", "?"))]
     d = row["details"]
     low, high = row["spread"]
 

@@ -88,8 +88,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="nanopatch-multi-instance-") as workdir:
         run = h.recording_first(lambda key, learn: run_once(key, args, env, workdir, learn), args.learning_steps)
-        runs, orders = h.interleave(keys, args.rounds, run, log, SETTLE_S)
+        runs, orders = h.interleave(keys, args.rounds, run, log, SETTLE_S, args.until)
     rounds_meta = [{"order": [variant_name(k) for k in o["order"]]} for o in orders]
+    for meta, o in zip(rounds_meta, orders, strict=True):
+        if o.get("skipped"):
+            meta["skipped"] = [variant_name(k) for k in o["skipped"]]
     rows, by_key = summarise(keys, runs, args, cores, machine["physical_cores"])
     described = "torchvision ResNet-18" if args.model == "resnet18" else "a small CNN"
     report = {
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         "warmup": args.warmup,
         "learning_steps": args.learning_steps,
         "quick": args.quick,
+        "until": args.until,
         "round_orders": rounds_meta,
         "rows": rows,
         "comparisons": comparisons(by_key, args.nproc),

@@ -265,7 +265,7 @@ def print_markdown(report: dict[str, Any]) -> None:
             continue
         if row["rate"] is None:
             error = h.cell(row.get("error", "?"))
-            print(f"| {row['variant']} | failed |  |  |  |  |  |  | {error} |")
+            print(f"| {row['variant']} | {'not run' if h.not_run(row) else 'failed'} |  |  |  |  |  |  | {error} |")
             continue
         d = row["details"]
         low, high = row["spread"]
@@ -306,8 +306,11 @@ def print_markdown(report: dict[str, Any]) -> None:
             print(f"- warning: `{row['variant']}`: {problem}")
         if row["details"].get("load_warning"):
             print(f"- warning: `{row['variant']}`: {row['details']['load_warning']}")
-        if row.get("failed_runs"):
+        if row.get("failed_runs") and not h.not_run(row):
             print(f"- `{row['variant']}`: {row['failed_runs']} run(s) failed: {row['error']}")
+    budget = h.left_out(report.get("round_orders", []))
+    if budget:
+        print(f"- {budget}")
     for row in report["rows"]:
         if row.get("learning"):
             print(f"- learning: {h.learning_line(row)}")

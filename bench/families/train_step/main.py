@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         f"{PROFILE_TOP} ops by self CPU time and the share of dtype conversion (default: no profile)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    h.add_until(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: one variant's process
     args = parser.parse_args(argv)
     if args.worker:
@@ -127,12 +128,15 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         skipped[BY_HAND_TCMALLOC] = "skipped: no tcmalloc library found (libtcmalloc_minimal4 or gperftools)"
     results, rows = {}, []
     for model in models:
-        results[model], model_rows = run_model(model, variants, pythons, skipped, args, env, log)
+        results[model], model_rows = run_model(
+            model, variants, pythons, skipped, args, env, log, first=model == models[0]
+        )
         rows += model_rows
     report = {
         "benchmark": "train_step",
         "argv": sys.argv[1:] if argv is None else list(argv),
         "quick": args.quick,
+        "until": args.until,
         "rounds": args.rounds,
         "steps": args.steps,
         "warmup": args.warmup,

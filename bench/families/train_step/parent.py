@@ -30,6 +30,8 @@ from families.train_step.variants import (
 )
 
 #: the script a worker runs (with --worker): bench/train_step.py
+#: a variant the time budget (--until) left no set-up or no round for
+NOT_RUN_STATUS = "not run"
 SCRIPT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "train_step.py"))
 
 
@@ -118,9 +120,14 @@ def failed(error: str, detail: str = "") -> dict[str, Any]:
     return {"status": "failed", "error": error, "detail": detail, "samples": []}
 
 
-def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped: dict[str, str], args, env, log):
+def run_model(
+    model: str, variants: list[str], pythons: dict[str, str], skipped: dict[str, str], args, env, log, first=False
+):
     """Start every variant's worker for ``model`` (one after another), then run the rounds.
-    ``pythons``: variant -> interpreter; ``skipped``: variant -> why it does not run."""
+    ``pythons``: variant -> interpreter; ``skipped``: variant -> why it does not run. Under
+    ``--until`` a set-up, sample, roof or profile is asked for only where it is expected to end in
+    time (by the variant's last request, else the mean of the model's requests so far); with
+    ``first`` (the run's first model), the first set-up is asked for whatever the time."""
     shape = SHAPES[args.quick]
     started = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -128,10 +135,22 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     rounds: list[dict[str, Any]] = []
     counter: str | None = None  # the worker that counts the model's FLOPs and measures the roof
     roof: dict[str, float] | None = None
+    took: dict[str, float] = {}  # each variant's last request (its set-up, then its samples), seconds
+
+    def fits(variant: str) -> bool:  # --until: a request expected to end in time
+        if first and not took:
+            return True
+        expected = took.get(variant, sum(took.values()) / len(took) if took else 0.0)
+        return h.fits(args.until, SETTLE_S + expected)
+
     try:
         for variant in variants:
             if variant in skipped:
                 results[variant] = {"status": "skipped", "error": skipped[variant], "samples": []}
+                continue
+            if not fits(variant):
+                log(f"{model}: {variant} not started: the time budget (--until) ends before it")
+                results[variant] = {"status": NOT_RUN_STATUS, "error": h.NOT_RUN, "samples": []}
                 continue
             python = pythons[variant]
             warmup = args.warmup + (COMPILE_EXTRA_WARMUP if variant == COMPILE else 0)
@@ -149,7 +168,9 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                 "count_flops": counter is None and variant not in LIGHTNING_VARIANTS,
             }
             try:
+                asked = time.time()
                 setup = worker.request({**request, "patch": PATCH_OPTIONS[variant]})
+                took[variant] = time.time() - asked
             except WorkerFailed as exc:
                 log(f"{model}: {variant} failed: {exc}")
                 results[variant] = failed(str(exc), exc.detail)
@@ -167,10 +188,16 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
             rounds.append({"order": order, "loadavg": h.load_average()})
             log(f"{model}: round {index + 1}/{args.rounds}: {', '.join(order)}")
             for variant in order:
+                if index > 0 and not fits(variant):  # (a set-up's time is no sample's: round 1 runs all)
+                    rounds[-1].setdefault("skipped", []).append(variant)
+                    log(f"{model}: {variant} not run in round {index + 1}: the time budget (--until) ends before it")
+                    continue
                 time.sleep(SETTLE_S)
                 try:
                     meter = h.LoadMeter()
+                    asked = time.time()
                     sample = workers[variant].request({"cmd": "run", "steps": args.steps})
+                    took[variant] = time.time() - asked
                     sample["other_load"] = meter.other_load(sample["request_cpu_s"])
                 except WorkerFailed as exc:
                     log(f"{model}: {variant} failed: {exc}")
@@ -181,7 +208,9 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                     continue
                 sample["round"] = index
                 results[variant]["samples"].append(sample)
-        if counter in workers:
+        if counter in workers and not h.fits(args.until, 0):
+            log(f"{model}: the matmul roof is not measured: the time budget (--until) has ended")
+        elif counter in workers:
             time.sleep(SETTLE_S)
             log(f"{model}: measuring the matmul roof in {counter}'s worker")
             try:
@@ -191,6 +220,11 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
                 workers.pop(counter).close()
         if args.profile:
             for variant in [v for v in variants if v in workers]:
+                step_s = took[variant] / args.steps if results[variant]["samples"] else took.get(variant, 0.0)
+                if not h.fits(args.until, SETTLE_S + 2 * step_s * args.profile):
+                    log(f"{model}: {variant} not profiled: the time budget (--until) ends before it")
+                    results[variant]["profile"] = {"error": h.NOT_RUN}
+                    continue
                 time.sleep(SETTLE_S)
                 log(f"{model}: profiling {variant}, {args.profile} step(s)")
                 try:
@@ -205,6 +239,9 @@ def run_model(model: str, variants: list[str], pythons: dict[str, str], skipped:
     finally:
         for worker in workers.values():
             worker.close()
+    for variant, result in results.items():  # set up, but the budget left no round for it
+        if result["status"] == "ok" and not result["samples"]:
+            results[variant] = {**result, "status": NOT_RUN_STATUS, "error": h.NOT_RUN}
     flops = results[counter]["setup"]["observed"].get("flops_per_sample") if counter in results else None
     return {
         "description": describe(model, shape),

@@ -233,6 +233,8 @@ def print_markdown(report: dict[str, Any]) -> None:
             for line in targets:
                 print(f"- {line}")
         notes = notes_for(rows, report["steps"])
+        budget = h.left_out(result["rounds"])
+        notes += [budget] if budget else []
         if notes:
             print()
             for note in notes:
