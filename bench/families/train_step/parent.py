@@ -29,9 +29,9 @@ from families.train_step.variants import (
     variant_env,
 )
 
-#: the script a worker runs (with --worker): bench/train_step.py
 #: a variant the time budget (--until) left no set-up or no round for
 NOT_RUN_STATUS = "not run"
+#: the script a worker runs (with --worker): bench/train_step.py
 SCRIPT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "train_step.py"))
 
 
