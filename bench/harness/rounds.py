@@ -98,7 +98,11 @@ def interleave(
 def left_out(orders: Sequence[dict[str, Any]]) -> str | None:
     """The report's line on the runs the time budget left out (rounds as :func:`interleave`
     returns them), or None where it left none out."""
-    parts = [f"round {i + 1}: {', '.join(o['skipped'])}" for i, o in enumerate(orders) if o.get("skipped")]
+    parts = [
+        f"round {i + 1}: {', '.join(f'`{name}`' for name in o['skipped'])}"  # names hold commas
+        for i, o in enumerate(orders)
+        if o.get("skipped")
+    ]
     return f"the time budget (--until) left out {'; '.join(parts)}" if parts else None
 
 

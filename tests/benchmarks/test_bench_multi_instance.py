@@ -228,5 +228,8 @@ def test_until_leaves_out_the_runs_that_would_end_after_it(tmp_path):
         {"order": ["patched, tuned", "stock"], "skipped": ["patched, tuned", "stock"]},
     ]
     assert "| patched, tuned | not run |" in proc.stdout
-    assert "- the time budget (--until) left out round 1: patched, tuned; round 2: patched, tuned, stock" in proc.stdout
+    assert (
+        "- the time budget (--until) left out round 1: `patched, tuned`; round 2: `patched, tuned`, `stock`"
+        in proc.stdout
+    )
     assert "run(s) failed" not in proc.stdout

@@ -324,7 +324,7 @@ def test_interleave_makes_only_the_runs_expected_to_end_in_time():
     # b (20 s) and c (30 s) would end after 1075, a (10 s) ends at 1070
     assert [len(runs[n]) for n in "abc"] == [2, 1, 1] and now[0] == 1070.0
     assert orders == [{"order": ["a", "b", "c"]}, {"order": ["b", "c", "a"], "skipped": ["b", "c"]}]
-    assert h.left_out(orders) == "the time budget (--until) left out round 2: b, c"
+    assert h.left_out(orders) == "the time budget (--until) left out round 2: `b`, `c`"
 
     now[0] = 1000.0
     runs, orders = h.interleave(["a", "b"], 2, run_one, lambda _: None, 0.0, until=1005.0, clock=lambda: now[0])

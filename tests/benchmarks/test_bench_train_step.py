@@ -439,7 +439,7 @@ def test_until_makes_only_what_fits_and_says_what_it_left_out(tmp_path):
         assert rows[key]["rate"] is None and rows[key]["status"] == "not run" and rows[key]["note"] == h_not_run()
     assert report["models"]["tiny"]["rounds"][1]["skipped"] == ["stock"]
     assert report["models"]["tiny"]["roof"]["matmul_flops"] is None
-    assert "- the time budget (--until) left out round 2: stock" in proc.stdout
+    assert "- the time budget (--until) left out round 2: `stock`" in proc.stdout
     assert "| patched | not run |" in proc.stdout
 
 
