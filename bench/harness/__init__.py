@@ -48,7 +48,18 @@ from .processes import (
     run_process_group,
     run_ranks,
 )
-from .rounds import NOT_RUN, fits, interleave, left_out, not_run, per_round, record_of, recording_first, rotated
+from .rounds import (
+    NOT_RUN,
+    expected_s,
+    fits,
+    interleave,
+    left_out,
+    not_run,
+    per_round,
+    record_of,
+    recording_first,
+    rotated,
+)
 from .rows import BUSY_CPU_SHARE, OTHER_LOAD_WARNING, SUSPECT_MARK, ratios_to, row, spread, suspect
 from .text import cell, cpu_line, fmt, log, one_line, plural, shown_path, tail
 
@@ -76,6 +87,7 @@ __all__ = [
     "cpu_line",
     "cpu_model",
     "dtype_name",
+    "expected_s",
     "finish",
     "first_steps",
     "fits",

@@ -55,6 +55,12 @@ def fits(until: float | None, seconds: float, clock=time.time) -> bool:
     return until is None or clock() + seconds <= until
 
 
+def expected_s(took: dict[str, float], name: str) -> float:
+    """How long ``name``'s next run is expected to take: its last run's seconds in ``took``, else
+    the mean of the others' (0 where nothing ran yet)."""
+    return took.get(name, sum(took.values()) / len(took) if took else 0.0)
+
+
 def interleave(
     names: Sequence[str], rounds: int, run_one, log, settle_s: float, until: float | None = None, clock=time.time
 ):
@@ -73,7 +79,7 @@ def interleave(
         orders.append({"order": order})
         log(f"round {index + 1}/{rounds}: {', '.join(order)}")
         for name in order:
-            expected = took.get(name, sum(took.values()) / len(took) if took else 0.0)
+            expected = expected_s(took, name)
             if took and not fits(until, settle_s + expected, clock):  # (the first run of all is made)
                 orders[-1].setdefault("skipped", []).append(name)
                 left = max(0.0, (until or 0.0) - clock())

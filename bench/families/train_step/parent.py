@@ -140,8 +140,7 @@ def run_model(
     def fits(variant: str) -> bool:  # --until: a request expected to end in time
         if first and not took:
             return True
-        expected = took.get(variant, sum(took.values()) / len(took) if took else 0.0)
-        return h.fits(args.until, SETTLE_S + expected)
+        return h.fits(args.until, SETTLE_S + h.expected_s(took, variant))
 
     try:
         for variant in variants:

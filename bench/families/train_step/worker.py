@@ -16,6 +16,7 @@ from typing import Any
 import harness as h
 
 from families.train_step.models import Job
+from families.train_step.profiling import minor_faults
 from families.train_step.roof import matmul_rates
 
 #: warm-up steps a variant may add while nanopatch measures bf16 against fp32 and channels-last
@@ -114,7 +115,7 @@ class Sample:
     def __init__(self) -> None:
         self.request_cpu = time.process_time()
         gc.collect()
-        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.faults = minor_faults()
         self.cpu_start = time.process_time()
         self.start = time.perf_counter()
 
@@ -127,7 +128,7 @@ class Sample:
             "elapsed_s": elapsed,
             "cpu_s": cpu,
             "loss": value,
-            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults,
+            "faults": minor_faults() - self.faults,
             "rss_mib": current,
             "peak_rss_mib": peak,
             "request_cpu_s": time.process_time() - self.request_cpu,
