@@ -56,6 +56,13 @@ def train(loader, model, optimizer, closure: bool = False, compute_sleep: float 
             optimizer.step()
 
 
+@pytest.fixture(autouse=True)
+def _no_nproc_figures(monkeypatch):
+    """No ``--nproc measure`` figures from an earlier test of this process: the runner's code
+    exports them into ``os.environ`` for its children, and the advice would follow them."""
+    monkeypatch.delenv(measure.FIGURES_VARIABLE, raising=False)
+
+
 @pytest.fixture
 def timed():
     with nanopatch.patched(breakdown=True, training=False, vision=False, data_parallel=False):
@@ -257,6 +264,8 @@ def test_the_breakdown_notes_the_device_the_optimizer_steps_on(timed, monkeypatc
     """A loop whose loader keeps it waiting would be advised workers on the CPU; with a stand-in
     that reports its parameters on CUDA, the breakdown names cuda and advises nothing."""
     model, optimizer = model_and_optimizer()
+    # the busy rule's advice on processes depends on what else the machine ran meanwhile: not this test's
+    monkeypatch.setattr(advice, "_nproc", lambda report: None)
     train(DataLoader(Items(32, delay=SLEEP), batch_size=4), model, optimizer)
     report = nanopatch.status()["breakdown"]
     assert report["devices"] == ["cpu"] and [a["rule"] for a in report["advice"]] == ["num_workers"]
