@@ -1,4 +1,4 @@
-"""Dropout masks in graphs nanopatch compiles, drawn by nanopatch's fast masks, not Inductor's.
+"""Dropout masks in graphs nanopatch compiles, hashed inside Inductor's kernels, not drawn by Inductor.
 
 Inductor lowers a dropout (``aten.native_dropout``) to its own random numbers: on a CPU, one
 Philox draw computed per element inside the generated loops. On the bench's transformer (24
@@ -8,27 +8,36 @@ step ran slower than the eager one.
 
 So while nanopatch compiles an accelerated model's forward (``compile=``; see
 :func:`.forward._compiled`), the decomposition Inductor uses for ``aten.native_dropout`` gives the
-graph ``nanopatch::keep_mask``, an operator of nanopatch's own that Inductor calls as an
-external kernel: :func:`.dropout.keep_mask` draws the mask (four elements per 64-bit word, the
-method :mod:`.dropout` measured fastest) and hands it over as uint8, and Inductor fuses the mask's
-use (``mask * x * scale``, and the backward's ``grad * mask * scale``) into the kernels around it.
-uint8, not bool: Inductor's CPU kernels read and write a bool tensor an element at a time
-(:func:`_no_saved_bools`). The operator is
-tagged ``nondeterministic_seeded``, so Inductor keeps it in program order and AOTAutograd saves its
-mask for the backward instead of recomputing it; each call in a graph carries a number of its
-own, so two dropouts of the same tensor are never merged into one. Every other dropout, and
-every graph nanopatch does not compile (a script's own ``torch.compile``), keeps Inductor's
-decomposition; so does a probability closer than 1/1024 to 0 or 1. The masks have the
-distribution of stock's with the keep probability rounded to 1/65536, from nanopatch's random
-stream (a seed reproduces them); where the self-check turned fast masks off
-(:data:`.dropout.disabled`), the operator draws with ``bernoulli_``.
+graph each mask as a hash of the element's index (:func:`hashed_keep`: lowbias32 twice, in int32
+operators) keyed by ``nanopatch::mask_key``, an operator of nanopatch's own that draws two int32
+keys from torch's generator (one 64-bit draw: a seed reproduces the masks). Inductor computes the
+hash in vector registers inside the kernel that applies the mask (``x * scale`` where kept), and
+nanopatch's joint-graph pass (:func:`_recompute_hash`) has the backward hash it again from the
+saved keys inside its own kernel: no mask is drawn ahead, stored or read back. On the bench's
+transformer (2-core EPYC Zen 4) that took the masks' ~40 ms a step (the words hashed by torch's
+element-wise operators, then compared) out of the compiled step, for ~14 ms more in the fused
+kernels. ``mask_key`` is tagged ``nondeterministic_seeded``, so Inductor keeps it in program
+order and AOTAutograd saves its keys for the backward instead of drawing again; each call in a
+graph carries a number of its own, so two dropouts of the same tensor are never merged into one.
+A mask of 2**31 elements or more (its index would not fit in int32), and every mask while the
+self-check has fast masks off
+(:data:`.dropout.disabled`, read when the graph is traced), is drawn by ``nanopatch::keep_mask``
+instead, an external kernel: :func:`.dropout.keep_mask` (four elements per 64-bit word, the
+method :mod:`.dropout` measured fastest; ``bernoulli_`` where fast masks are off) hands the mask
+over as uint8, and Inductor fuses its use into the kernels around it. uint8, not bool: Inductor's
+CPU kernels read and write a bool tensor an element at a time (:func:`_no_saved_bools`). Every
+other dropout, and every graph nanopatch does not compile (a script's own ``torch.compile``),
+keeps Inductor's decomposition; so does a probability closer than 1/1024 to 0 or 1. The masks
+have the distribution of stock's with the keep probability rounded to 1/65536 (the comparison
+of a 16-bit lane with it, as the eager masks'), from nanopatch's random stream.
 
 Inductor's caches (the compiled graphs it keeps on disk, AOTAutograd's) key a graph by the
 graph dynamo traced, before decompositions: a model compiled earlier with Inductor's masks would
 come back from the cache with them. So while the override is on, Inductor's
-``joint_custom_pre_pass`` setting holds nanopatch's pass, whose ``uuid`` names nanopatch's masks,
-its bf16 attention (:mod:`.attention`) and the pass's own changes: it is part of both caches'
-keys, so graphs compiled while patched are kept apart from the others. In the graphs nanopatch
+``joint_custom_pre_pass`` setting holds nanopatch's pass, whose ``uuid`` names nanopatch's masks
+(with the choice between hashed and drawn masks made when a graph is traced), its bf16 attention
+(:mod:`.attention`) and the pass's own changes: it is part of both caches' keys, so graphs
+compiled while patched are kept apart from the others. In the graphs nanopatch
 compiles (and no others), the pass keeps bool tensors out of what the forward saves for the
 backward (:func:`_no_saved_bools`). Where a script set a pass there itself, nanopatch leaves the
 setting, the masks and the attention to Inductor.
@@ -63,11 +72,23 @@ def _define() -> None:
     if _library:
         return
     library = torch.library.Library("nanopatch", "DEF")
-    library.define("keep_mask(Tensor like, float p, int site) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+    seeded = (torch.Tag.nondeterministic_seeded,)
+    library.define("keep_mask(Tensor like, float p, int site) -> Tensor", tags=seeded)
+    library.define("mask_key(Tensor like, int site) -> Tensor", tags=seeded)
     # looked up at each call: the operator outlives any one binding of the module's functions
     library.impl("keep_mask", lambda like, p, site: _keep_mask(like, p, site), "CPU")
     library.impl("keep_mask", lambda like, p, site: _keep_mask_meta(like, p, site), "Meta")
+    library.impl("mask_key", lambda like, site: _mask_key(like, site), "CPU")
+    library.impl("mask_key", lambda like, site: torch.empty(2, dtype=torch.int32, device=like.device), "Meta")
     _library.append(library)
+
+
+def _mask_key(like: torch.Tensor, site: int) -> torch.Tensor:
+    """Two int32 keys for one mask hashed inside a compiled kernel (:func:`hashed_lanes`), from
+    one 64-bit draw of torch's default CPU generator: a seed reproduces them."""
+    _local.drawn = getattr(_local, "drawn", 0) + 1
+    _local.hashed = getattr(_local, "hashed", 0) + 1
+    return dropout._generator_words(1, None).view(torch.int32)
 
 
 def _keep_mask(like: torch.Tensor, p: float, site: int) -> torch.Tensor:
@@ -82,14 +103,61 @@ def _keep_mask_meta(like: torch.Tensor, p: float, site: int) -> torch.Tensor:
     return torch.empty(like.shape, dtype=torch.uint8, device=like.device)
 
 
+#: masks of at least this many elements are drawn by :func:`_keep_mask` instead (their element
+#: index would not fit the int32 counter of :func:`hashed_lanes`)
+HASHED_MAX_ELEMENTS = 1 << 31
+# lowbias32 (Chris Wellons' hash-prospector, 2018): xor-shift 16, multiply, xor-shift 15, multiply,
+# xor-shift 16, a bijection of 32-bit integers; its constants as int32
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x846CA68B - (1 << 32)
+
+
+def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """``x >> shift`` as an unsigned (logical) shift of int32 values."""
+    return torch.bitwise_and(torch.bitwise_right_shift(x, shift), (1 << (32 - shift)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    x = torch.bitwise_xor(x, _lsr(x, 16))
+    x = torch.mul(x, _MUL1)
+    x = torch.bitwise_xor(x, _lsr(x, 15))
+    x = torch.mul(x, _MUL2)
+    return torch.bitwise_xor(x, _lsr(x, 16))
+
+
+def hashed_lanes(shape: Any, key: torch.Tensor) -> torch.Tensor:
+    """One signed 16-bit lane (as int32, -32768..32767) per element of ``shape``: the top half of
+    lowbias32 applied twice to the element's index, keyed by ``key``'s two int32 values
+    (``mix(mix(index ^ key[0]) ^ key[1])``). Written in torch's int32 operators so that Inductor
+    computes it inside the kernel that uses the mask, in vector registers, where the index is the
+    loop's own counter: nothing drawn ahead, stored or read back."""
+    count = 1
+    for size in shape:
+        count = count * size
+    index = torch.arange(count, dtype=torch.int32, device=key.device).view(shape)
+    mixed = _mix(torch.bitwise_xor(_mix(torch.bitwise_xor(index, key[0])), key[1]))
+    return torch.bitwise_right_shift(mixed, 16)
+
+
+def hashed_keep(shape: Any, p: float, key: torch.Tensor) -> torch.Tensor:
+    """A bool mask of ``shape``, each element True with probability ``p`` rounded to 1/65536 (as
+    :func:`.dropout.keep_mask`'s), from :func:`hashed_lanes`."""
+    return torch.lt(hashed_lanes(shape, key), round(p * 65536) - 32768)
+
+
 def ours() -> bool:
     """Whether this thread is inside a forward nanopatch compiled (tracing it, or running it)."""
     return getattr(_local, "ours", 0) > 0
 
 
 def drawn() -> int:
-    """How many masks the operator drew in this thread so far."""
+    """How many masks the operators drew (or keyed) in this thread so far."""
     return getattr(_local, "drawn", 0)
+
+
+def hashed() -> int:
+    """How many of them were keys of masks hashed inside compiled kernels."""
+    return getattr(_local, "hashed", 0)
 
 
 class tracing:
@@ -124,7 +192,13 @@ def _cache_key_pass() -> Any:
                 _no_saved_bools(graph)
 
         def uuid(self) -> str:
-            return "nanopatch: dropout masks from nanopatch::keep_mask, attention in bf16, no saved bool masks (3)"
+            # what the decomposition chose from at trace time is part of the graph: graphs traced
+            # under another choice are kept apart
+            hashed = "off" if dropout.disabled[0] else f"below {HASHED_MAX_ELEMENTS} elements"
+            return (
+                "nanopatch: dropout masks hashed in the kernels (nanopatch::mask_key; "
+                f"{hashed}), else from nanopatch::keep_mask; attention in bf16; no saved bool masks (4)"
+            )
 
     return FastMasksKey()
 
@@ -149,10 +223,13 @@ def _no_saved_bools(graph: Any) -> None:
 
     convert = torch.ops.prims.convert_element_type.default
     keep = torch.ops.nanopatch.keep_mask.default
+    key = torch.ops.nanopatch.mask_key.default
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is keep:
+        if node.target is key:
+            _recompute_hash(node, CheckpointPolicy.MUST_RECOMPUTE)
+        elif node.target is keep:
             for cast in list(node.users):
                 if cast.target is not convert or cast.args[1] is not torch.bool:
                     continue
@@ -163,6 +240,40 @@ def _no_saved_bools(graph: Any) -> None:
                     graph.erase_node(cast)
         elif node.target is _aten.le.Scalar and node.args[1] == 0 and _relu_output(node.args[0]):
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+
+
+def _recompute_hash(key: Any, policy: Any) -> None:
+    """Mark a hashed mask's integer and bool nodes (the index, the hash, the comparison: everything
+    computed from ``key`` that is not a floating tensor) to be recomputed in the backward from the
+    saved key: the backward then hashes the mask again inside its own kernel instead of reading a
+    stored one."""
+    todo, seen = list(key.users), set()
+    while todo:
+        node = todo.pop()
+        if node in seen or node.op != "call_function" or _floating(node):
+            continue
+        seen.add(node)
+        node.meta["recompute"] = policy
+        todo.extend(node.users)
+        todo.extend(_index_nodes(node))
+
+
+def _index_nodes(node: Any) -> list[Any]:
+    """The arguments of ``node`` computed from no tensor at all (the element index and its views)."""
+    found = []
+    for arg in node.all_input_nodes:
+        if arg.op == "call_function" and not _floating(arg) and all(_constant(a) for a in arg.all_input_nodes):
+            found.append(arg)
+    return found
+
+
+def _constant(node: Any) -> bool:
+    return node.op == "call_function" and all(_constant(a) for a in node.all_input_nodes) and not _floating(node)
+
+
+def _floating(node: Any) -> bool:
+    value = node.meta.get("val")
+    return not isinstance(value, torch.Tensor) or value.is_floating_point()
 
 
 def _relu_output(node: Any) -> bool:
@@ -222,6 +333,9 @@ def _decomposition(original: Any) -> Any:
             and input.device.type == "cpu"
             and input.is_floating_point()
         ):
+            if input.numel() < HASHED_MAX_ELEMENTS and not dropout.disabled[0]:
+                keep = hashed_keep(input.shape, 1.0 - p, torch.ops.nanopatch.mask_key(input, next(_sites)))
+                return torch.where(keep, input * float(1.0 / (1.0 - p)), 0), keep
             mask = torch.ops.nanopatch.keep_mask(input, 1.0 - p, next(_sites))
             return mask * input * float(1.0 / (1.0 - p)), mask.bool()
         return original(input, p, train)

@@ -126,13 +126,13 @@ class AcceleratedForward(_InstanceForward):
         module = self.module
         training = module.training and torch.is_grad_enabled()
         dtype = amp_dtype(module, plan)
-        compiled = bool(plan.compile_mode) and config() is not None
+        compiled = bool(plan.compile_mode) and config() is not None and not dispatch_mode_on()
         if compiled:
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):
             forward = data_parallel().through(plan.ddp, forward)
         probe = Probe() if training and (plan.seen.training_calls % PROBE_EVERY == 0 or plan.reprobe) else None
-        masks = _fast_masks(plan) if training else _nothing
+        masks = _fast_masks(plan, compiled) if training else _nothing
         losses = tls("logit_losses", 0) if training else 0
         products = tls("attention_products", 0) if training else 0
         with probe if probe is not None else _nothing, masks:
@@ -230,9 +230,20 @@ def _cast_once(plan: Plan) -> Any:
     return frozen.CastOnce(copies)
 
 
-def _fast_masks(plan: Plan) -> Any:
+def dispatch_mode_on() -> bool:
+    """Whether a Python dispatch mode is on (``FlopCounterMode``, a debugging mode): a forward
+    nanopatch compiles runs eagerly under it. Dynamo cannot trace nanopatch's kernels through
+    the mode's ``__torch_dispatch__``; the frame it then fails to compile is skipped for good, so
+    that after one step under ``FlopCounterMode`` (an MFU count) every later step ran eagerly, at
+    1.8x the compiled step's time, while ``-v`` still said compiled."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+def _fast_masks(plan: Plan, compiled: bool) -> Any:
     active = config()
-    if active is None or not active.fast_dropout or not plan.masks or plan.compile_mode or not dropout.installed():
+    if active is None or not active.fast_dropout or not plan.masks or compiled or not dropout.installed():
         return _nothing
     return _FastMasks(plan)
 
@@ -371,11 +382,12 @@ def _compiled(module: nn.Module, plan: Plan, forward: Any) -> Any:
         try:
             if not masks:
                 return compiled(*args, **kwargs)
-            before = compiled_masks.drawn()
+            before, hashed = compiled_masks.drawn(), compiled_masks.hashed()
             with compiled_masks.tracing():
                 out = compiled(*args, **kwargs)
             if compiled_masks.drawn() != before:
                 plan.seen.fast_dropout = True
+                plan.seen.hashed_masks = compiled_masks.hashed() != hashed
                 plan.seen.dropout_method = dropout.method()
             return out
         except Exception as exc:

@@ -102,6 +102,7 @@ class Seen:
     fast_dropout: bool = False  # dropout masks of its training forward were drawn fast
     # how large masks drew their words (dropout.method(): the Choice, words timed, threads)
     dropout_method: tuple[Any, int, int] | None = None
+    hashed_masks: bool = False  # its compiled forward hashed dropout masks inside its kernels (compiled_masks)
     logit_loss: bool = False  # transformers' causal-LM loss ran on its bf16 logits (loss.causal_lm_loss)
     compiled_calls: int = 0  # training calls that ran the forward nanopatch compiled
     attention_products: bool = False  # attention without dropout ran as bf16 products (attention.plain_attention)
@@ -230,6 +231,8 @@ class Plan:
         )
 
     def _dropout_words(self) -> str | None:
+        if self.seen.hashed_masks:
+            return "hashed inside the compiled kernels (each element's index, keyed by a draw of torch's generator)"
         if self.seen.dropout_method is None:
             return None
         choice, words, threads = self.seen.dropout_method
@@ -272,6 +275,8 @@ class Plan:
         if self.seen.fast_dropout:
             how = self.seen.dropout_method[0].method if self.seen.dropout_method is not None else None
             where = {"hash": " (hashed on all threads)", "numpy": " (drawn on all threads)"}.get(how or "", "")
+            if self.seen.hashed_masks:
+                where = " (hashed inside the compiled kernels)"
             parts.append(f"fast dropout masks{where}")
         if self.seen.attention_products:
             parts.append("attention as bf16 products")
