@@ -268,7 +268,9 @@ def _index_nodes(node: Any) -> list[Any]:
 
 
 def _constant(node: Any) -> bool:
-    return node.op == "call_function" and all(_constant(a) for a in node.all_input_nodes) and not _floating(node)
+    # the dtype first: the walk stops at the first floating tensor instead of climbing the whole
+    # forward above it (a deep model's graph would pass Python's recursion limit)
+    return node.op == "call_function" and not _floating(node) and all(_constant(a) for a in node.all_input_nodes)
 
 
 def _floating(node: Any) -> bool:
