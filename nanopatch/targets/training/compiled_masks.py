@@ -248,12 +248,16 @@ def _recompute_hash(key: Any, policy: Any) -> None:
     saved key: the backward then hashes the mask again inside its own kernel instead of reading a
     stored one."""
     todo, seen = list(key.users), set()
+    # the partitioner compares the checkpoint-region ids of two nodes both marked (torch 2.8 has no
+    # default for a node outside any region): the chain shares its key's, or one of its own
+    region = key.meta.get("ac_graph_id", 0)
     while todo:
         node = todo.pop()
         if node in seen or node.op != "call_function" or _floating(node):
             continue
         seen.add(node)
         node.meta["recompute"] = policy
+        node.meta.setdefault("ac_graph_id", region)
         todo.extend(node.users)
         todo.extend(_index_nodes(node))
 
