@@ -264,11 +264,7 @@ def _recompute_hash(key: Any, policy: Any) -> None:
 
 def _index_nodes(node: Any) -> list[Any]:
     """The arguments of ``node`` computed from no tensor at all (the element index and its views)."""
-    found = []
-    for arg in node.all_input_nodes:
-        if arg.op == "call_function" and not _floating(arg) and all(_constant(a) for a in arg.all_input_nodes):
-            found.append(arg)
-    return found
+    return [arg for arg in node.all_input_nodes if _constant(arg)]
 
 
 def _constant(node: Any) -> bool:
