@@ -320,3 +320,96 @@ def test_every_rank_runs_the_compile_trial_or_none_does(records):
         assert plan.compile_choice == "eager: another rank's record of an earlier run measured torch.compile slower"
     else:
         assert plan.compile_trial is None
+
+
+# --- a step under a dispatch mode (FlopCounterMode) is no step of the trial -----------------------
+
+
+def test_a_step_under_a_dispatch_mode_is_not_timed_in_any_phase():
+    """A script counting its FLOPs once (``FlopCounterMode``, an MFU figure) runs that step
+    eagerly and slowly, whatever the trial's phase: it was timed as an eager step, as the
+    compile (the compile then came at the next step and was timed as a compiled one) or as a
+    compiled step of the duel. Each such step is left out and the same forward runs again."""
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key=None, prior_compile_s=0.35, min_steps=2)
+    plan.compile_trial = trial
+    now, ran = 0.0, []
+    trial.on_step(plan, now)
+    odd_steps = {2, 5, 7}  # one while eager, the one due to compile, one of the duel
+    while plan.compile_trial is not None and len(ran) < 40:
+        odd = len(ran) in odd_steps
+        compiled = bool(plan.compile_mode) and not odd  # under the mode the forward runs eagerly
+        first = compiled and trial.phase == "compiling"
+        ran.append(("odd " if odd else "") + ("compile" if first else "compiled" if compiled else "eager"))
+        plan.odd_step = odd
+        now += 1.0 if odd else (0.070 if compiled else 0.100) + (5.0 if first else 0.0)
+        trial.on_step(plan, now)
+        assert not plan.odd_step  # read once, at the step's end
+    assert ran[:8] == ["eager", "eager", "odd eager", "eager", "eager", "odd eager", "compile", "odd eager"]
+    assert trial.eager_steps == 4 and trial.compile_s == pytest.approx(5.0 - 0.030)
+    assert ran[8:] == ["eager", "compiled"] * 3
+    assert trial.times[True] == pytest.approx([0.070] * 3) and trial.times[False] == pytest.approx([0.100] * 3)
+    assert plan.compile_mode == "default" and plan.compile_choice.startswith("compiled: measured faster")
+
+
+def test_a_step_another_rank_ran_under_a_dispatch_mode_is_left_out_on_every_rank():
+    """Ranks agree through the all-reduce's maximum: a rank whose step ran under a dispatch mode
+    reports it as untimed, so every rank leaves that step out together."""
+    from nanopatch.targets.training.plan import UNTIMED
+
+    asked = []
+
+    def agree(values):  # the other rank counted FLOPs on its third step
+        asked.append(values)
+        return [UNTIMED if len(asked) == 3 else values[0], values[1]]
+
+    plan = Plan(name="M")
+    trial = compile_choice.CompileTrial(key=None, prior_compile_s=0.0, min_steps=4, agree=agree)
+    plan.compile_trial = trial
+    for step in range(6):
+        trial.on_step(plan, step * 0.1)
+    assert trial.eager_steps == 4 and len(asked) == 5  # 5 steps timed, one of them left out
+
+
+def test_the_bf16_trial_leaves_a_step_under_a_dispatch_mode_out():
+    from nanopatch.targets.training.plan import Trial
+
+    plan = Plan(name="M", amp_dtype=torch.bfloat16)
+    plan.trial = trial = Trial()
+    now, steps = 0.0, 0
+    while plan.trial is not None:
+        steps += 1
+        plan.odd_step = steps == 6  # the first timed fp32 step after its set-up
+        now += 1.0 if plan.odd_step else (0.010 if trial.bf16 else 0.020)
+        trial.on_step(plan, now)
+    assert trial.times[(True, True)] == pytest.approx([0.010] * 2)
+    assert trial.times[(False, True)] == pytest.approx([0.020] * 2)  # the 1 s step is not among them
+    assert plan.amp_dtype is torch.bfloat16
+
+
+def test_a_training_call_under_a_dispatch_mode_marks_its_step_and_the_step_clears_it():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with nanopatch.patched(**NATIVE, bf16=False, compile="auto"):
+        model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 16)
+
+        def step():
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+        step()
+        [plan] = training.plans.values()
+        trial = plan.compile_trial
+        assert trial is not None and trial.phase == "eager"
+        step()
+        timed = trial.eager_steps
+        with FlopCounterMode(display=False):
+            model(x).sum().backward()
+            assert plan.odd_step
+            optimizer.step()
+        assert not plan.odd_step and trial.eager_steps == timed  # not timed
+        step()
+        assert trial.eager_steps == timed + 1

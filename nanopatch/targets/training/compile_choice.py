@@ -51,7 +51,7 @@ import torch
 
 from nanopatch.foundation.records import cache_dir, read_record, write_record
 
-from .plan import beyond_noise
+from .plan import UNTIMED, beyond_noise, step_time
 
 logger = logging.getLogger("nanopatch")
 
@@ -164,7 +164,7 @@ class CompileTrial:
         last, self.last = self.last, now
         if last is None:
             return
-        took = now - last
+        took = step_time(plan, now - last)
         if self.phase == "duel" and self.failed is None:
             graphs = graph_count() - self.graphs_before
             if graphs > GRAPH_LIMIT:
@@ -177,6 +177,8 @@ class CompileTrial:
                 self.last = time.perf_counter()
         if self.failed is not None:
             self.decide(plan, False, self.failed)
+            return
+        if took == UNTIMED:  # a step under a dispatch mode ran eagerly, whatever the phase: again
             return
         if self.phase == "eager":
             self._eager(plan, took)

@@ -803,6 +803,8 @@ def step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
                             _wrap_now(plan)
                     elif plan is not None and plan.compile_trial is not None:
                         plan.compile_trial.on_step(plan)  # after the bf16 trial: it measures eager steps
+                    if plan is not None:
+                        plan.odd_step = False  # read by the trial of this step, if any
     except Exception:  # never break the user's step
         logger.exception("nanopatch could not check %s's step", type(optimizer).__name__)
 

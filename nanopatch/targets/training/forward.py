@@ -126,7 +126,10 @@ class AcceleratedForward(_InstanceForward):
         module = self.module
         training = module.training and torch.is_grad_enabled()
         dtype = amp_dtype(module, plan)
-        compiled = bool(plan.compile_mode) and config() is not None and not dispatch_mode_on()
+        mode_on = dispatch_mode_on()
+        if training and mode_on:  # a FlopCounterMode step: the trials do not time it
+            plan.odd_step = True
+        compiled = bool(plan.compile_mode) and config() is not None and not mode_on
         if compiled:
             forward = _compiled(module, plan, forward)
         if plan.ddp is not None and data_parallel().routes(plan.ddp, module):

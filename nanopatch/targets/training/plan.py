@@ -138,6 +138,9 @@ class Plan:
     compiled: Any = None
     compile_trial: Any = None  # compile="auto"'s measurement while it runs (compile_choice.CompileTrial)
     trial: Trial | None = None  # bf16 against fp32 and/or channels-last against not, step by step, while measured
+    #: a training call since the last optimizer step ran under a Python dispatch mode
+    #: (``FlopCounterMode``): the trials do not time that step (:data:`UNTIMED`)
+    odd_step: bool = False
     layout_measured: str | None = None  # the trial's decision on channels-last, once made
     fast_steps: list[Any] = dataclasses.field(default_factory=list)  # weakrefs to optimizers we switched
     heads: list[Any] = dataclasses.field(default_factory=list)  # output activations run in fp32
@@ -297,6 +300,22 @@ class Plan:
         return f"{self.name}: {', '.join(parts) or 'nothing applied'} ({calls})"
 
 
+#: the time a trial's step reports (to the other ranks too, whose all-reduce keeps the largest)
+#: where a training call of it ran under a Python dispatch mode: a ``FlopCounterMode`` step (an
+#: MFU count) runs eagerly and through Python for every operator, so it is no step of either
+#: mode the trial compares. Every rank drops that step from the trial alike.
+UNTIMED = float("inf")
+
+
+def step_time(plan: Any, took: float) -> float:
+    """``took``, or :data:`UNTIMED` where a training call of this step ran under a dispatch mode
+    (the plan's ``odd_step``, cleared here: each trial reads it at the end of the step)."""
+    if not plan.odd_step:
+        return took
+    plan.odd_step = False
+    return UNTIMED
+
+
 def spread(samples: list[float]) -> float:
     """How far a mode's fastest timing may be from what it runs at: the gap from its fastest to
     its median, as a share of the fastest (0 for fewer than two timings)."""
@@ -413,11 +432,14 @@ class Trial:
         real = now is None
         now = time.perf_counter() if now is None else now
         if self.last is not None and self.steps > self.warmup:
-            took = now - self.last
+            took = step_time(plan, now - self.last)
             if self.agree is not None:  # every rank, at every such step: a collective
                 took = self.agree(took)
                 if real:  # the all-reduce's own time is no step's
                     now = time.perf_counter()
+            if took == UNTIMED:  # this rank's step or another's ran under a dispatch mode: again
+                self.last = now
+                return
             if self.mode in self.seen:
                 self.times[self.mode].append(took)
             self.seen.add(self.mode)
