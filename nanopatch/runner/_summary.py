@@ -98,12 +98,26 @@ def speed(stock: Any, patched: Any) -> str:
     if all(rates):
         figures = f"{rates[1]:.1f} samples/s against stock's {rates[0]:.1f} while training (nanopatch's clock)"
         return f"{_verdict(rates[1] / rates[0])}: {figures}"
+    # a loop that feeds its model without a DataLoader: no samples counted, but its optimizer
+    # steps were timed (the same number in both runs: the same loop)
+    steps = [t.get("step_s") for t in times]
+    if all(steps) and times[0].get("steps") == times[1].get("steps"):
+        figures = (
+            f"{_seconds(steps[1])} a training step against stock's {_seconds(steps[0])} over "
+            f"{times[1]['steps'] - 1} steps (nanopatch's clock; no DataLoader gave its batches, so no "
+            "samples were counted)"
+        )
+        return f"{_verdict(steps[0] / steps[1])}: {figures}"
     if stock.seconds > 0 and patched.seconds > 0:
         return (
             f"{_verdict(stock.seconds / patched.seconds)} by wall time: {patched.seconds:.1f} s against stock's "
             f"{stock.seconds:.1f} s (the script printed no speed, and no training step was timed)"
         )
     return "not measured"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.0f} ms" if value < 10 else f"{value:.1f} s"
 
 
 def _verdict(ratio: float) -> str:

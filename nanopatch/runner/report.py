@@ -109,6 +109,10 @@ def breakdown_text(stock: Run, patched: Run, *more: Run) -> str:
     rates = [t.get("samples_per_s") if t else None for t in times]
     speedup = _ratio(rates[1], rates[0]) if rates[0] and rates[1] else ""
     rows.append(("samples/s while training", *("-" if r is None else f"{r:.1f}" for r in rates), speedup))
+    if not all(rates[:2]):  # no DataLoader counted the samples: the time of a step, forward to update
+        steps = [t.get("step_s") if t else None for t in times]
+        speedup = _ratio(steps[0], steps[1]) if steps[0] and steps[1] else ""
+        rows.append(("a training step", *("-" if v is None else f"{v * 1e3:.0f} ms" for v in steps), speedup))
     rows.append(("optimizer steps", *("-" if not t else str(t["steps"]) for t in times), ""))
     lines = ["Where the time went (nanopatch.breakdown: wall time from torch's import to the end)", ""]
     lines.extend(_aligned(("", *(run.name for run in runs), "speedup"), rows))

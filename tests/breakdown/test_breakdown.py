@@ -423,3 +423,18 @@ def test_try_compile_runs_a_third_time_with_compile_and_reports_it(tmp_path):
     assert [c.strip() for c in header.split("|")] == ["", "stock", "nanopatch", "compiled", "speedup"]
     assert breakdown_rows(proc.stdout)["optimizer steps"][:3] == ["16", "16", "16"]
     assert "- torch.compile ran " in proc.stdout and "x the samples/s of the run without it" in proc.stdout
+
+
+def test_the_table_gives_a_training_steps_time_where_no_dataloader_counted_samples():
+    from nanopatch.runner import output
+    from nanopatch.runner import report as reports
+
+    loop = {"data_s": 0.0, "samples": 0, "samples_per_s": None, "batch_size": None, "num_workers": None}
+    runs = [
+        output.Run(name, [], report={"breakdown": report(**loop, step_s=step_s)})
+        for name, step_s in (("stock", 0.330), ("nanopatch", 0.220))
+    ]
+    [row] = [line for line in reports.breakdown_text(*runs).splitlines() if line.startswith("a training step")]
+    assert [cell.strip() for cell in row.split("|")[1:]] == ["330 ms", "220 ms", "1.50x"]
+    with_loader = [output.Run(name, [], report={"breakdown": report()}) for name in ("stock", "nanopatch")]
+    assert "a training step" not in reports.breakdown_text(*with_loader)  # samples/s says it there

@@ -249,6 +249,22 @@ def test_speed_without_a_meter_uses_the_breakdown_then_the_wall_time():
     )
 
 
+def test_speed_of_a_loop_without_a_dataloader_is_its_training_steps():
+    """A loop that indexes its tensors itself: no samples counted, but its optimizer steps were
+    timed, and that beats the wall time (the same start-up in both runs dilutes the ratio)."""
+    timed = {"samples_per_s": None, "steps": 21}
+    stock = run("stock", ["done"], {"breakdown": {**timed, "step_s": 0.330}})
+    patched = run("nanopatch", ["done"], {"breakdown": {**timed, "step_s": 0.220}})
+    stock.seconds, patched.seconds = 12.6, 10.3
+    assert _summary.speed(stock, patched) == (
+        "1.50x as fast as stock: 220 ms a training step against stock's 330 ms over 20 steps (nanopatch's "
+        "clock; no DataLoader gave its batches, so no samples were counted)"
+    )
+    # a run that stopped early (another number of steps) is no like-for-like comparison: wall time
+    patched.report["breakdown"]["steps"] = 15
+    assert _summary.speed(stock, patched).startswith("1.22x as fast as stock by wall time")
+
+
 def test_a_failed_run_gets_no_speed_up_and_no_accuracy_verdict():
     stock = run("stock", ["x 10 images/s, val accuracy 50%"])
     patched = run("nanopatch", ["Traceback ..."], code=1)
