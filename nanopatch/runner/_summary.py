@@ -15,6 +15,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from .report import duration
+
 #: a speed-up this close to 1 reads "about as fast": run-to-run noise on a shared machine
 SAME_SPEED = 0.03
 #: the lines' width: a terminal's, with room
@@ -103,7 +105,7 @@ def speed(stock: Any, patched: Any) -> str:
     steps = [t.get("step_s") for t in times]
     if all(steps) and times[0].get("steps") == times[1].get("steps"):
         figures = (
-            f"{_seconds(steps[1])} a training step against stock's {_seconds(steps[0])} over "
+            f"{duration(steps[1])} a training step against stock's {duration(steps[0])} over "
             f"{times[1]['steps'] - 1} steps (nanopatch's clock; no DataLoader gave its batches, so no "
             "samples were counted)"
         )
@@ -114,10 +116,6 @@ def speed(stock: Any, patched: Any) -> str:
             f"{stock.seconds:.1f} s (the script printed no speed, and no training step was timed)"
         )
     return "not measured"
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:.0f} ms" if value < 10 else f"{value:.1f} s"
 
 
 def _verdict(ratio: float) -> str:

@@ -112,7 +112,7 @@ def breakdown_text(stock: Run, patched: Run, *more: Run) -> str:
     if not all(rates[:2]):  # no DataLoader counted the samples: the time of a step, forward to update
         steps = [t.get("step_s") if t else None for t in times]
         speedup = _ratio(steps[0], steps[1]) if steps[0] and steps[1] else ""
-        rows.append(("a training step", *("-" if v is None else f"{v * 1e3:.0f} ms" for v in steps), speedup))
+        rows.append(("a training step", *("-" if v is None else duration(v) for v in steps), speedup))
     rows.append(("optimizer steps", *("-" if not t else str(t["steps"]) for t in times), ""))
     lines = ["Where the time went (nanopatch.breakdown: wall time from torch's import to the end)", ""]
     lines.extend(_aligned(("", *(run.name for run in runs), "speedup"), rows))
@@ -165,6 +165,11 @@ def draw(path: str, *runs: Run) -> str:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return f"--plot: the breakdown is drawn in {path}"
+
+
+def duration(seconds: float) -> str:
+    """A step's time as the table and the summary write it: milliseconds, seconds from 10 s."""
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 def _ratio(numerator: float, denominator: float) -> str:
