@@ -123,6 +123,17 @@ def _opencv_report() -> dict[str, Any]:
     return {"importable": True, "version": cv2.__version__, "num_threads": cv2.getNumThreads()}
 
 
+def _resize_kernel_report() -> dict[str, Any]:
+    """Whether bilinear resizes' exact pass runs on nanopatch's compiled kernel (builds it where
+    it was never built: ``--info`` asked)."""
+    try:
+        from nanopatch.targets.vision import _native
+
+        return _native.report()
+    except Exception as exc:  # a report never fails over one row
+        return {"used": False, "reason": _error(exc)}
+
+
 def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything ``--info`` shows, as a JSON-friendly dict. ``options`` are explicit option
     values (the runner's flags); the report shows how they resolve with the environment.
@@ -142,6 +153,7 @@ def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None
         "ipex": {"compatible": ipex_ok, "reason": ipex_reason},
         "libturbojpeg": libturbojpeg_report(),
         "opencv": _opencv_report(),
+        "resize_kernel": _resize_kernel_report(),
         "environment": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "options": current["options"] if current["patched"] else config.resolve(options).as_dict(),
         "targets": current["targets"],
@@ -165,7 +177,7 @@ def format_table(info: dict[str, Any]) -> str:
         _cpu_section(info["cpu"]),
         ("Packages", [(name, version or "not installed") for name, version in info["packages"].items()]),
         _pytorch_section(info["torch"], info["ipex"], info["torch_support"]),
-        _image_decoding_section(info["libturbojpeg"], info["opencv"]),
+        _image_decoding_section(info["libturbojpeg"], info["opencv"], info.get("resize_kernel")),
         _environment_section(info["environment"]),
     ]
     tuning = _tuning_section(info)
@@ -219,21 +231,25 @@ def _pytorch_section(torch: dict[str, Any], ipex: dict[str, Any], support: dict[
     return ("PyTorch", rows)
 
 
-def _image_decoding_section(turbojpeg: dict[str, Any], opencv: dict[str, Any]) -> _Section:
+def _image_decoding_section(
+    turbojpeg: dict[str, Any], opencv: dict[str, Any], resize_kernel: dict[str, Any] | None = None
+) -> _Section:
     """The JPEG decoders nanopatch can use: libturbojpeg through PyTurboJPEG
-    (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`)."""
+    (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`); and what runs the exact
+    pass of bilinear resizes (:func:`_resize_kernel_report`)."""
     if opencv["importable"]:
         opencv_text = f"{opencv['version']} ({opencv['num_threads']} threads)"
     else:
         opencv_text = f"cannot import: {opencv['error']}"
-    return (
-        "Image decoding",
-        [
-            ("libturbojpeg", turbojpeg["library"] or "not found"),
-            ("PyTurboJPEG", ("usable: " if turbojpeg["usable"] else "not used: ") + turbojpeg["reason"]),
-            ("OpenCV", opencv_text),
-        ],
-    )
+    rows = [
+        ("libturbojpeg", turbojpeg["library"] or "not found"),
+        ("PyTurboJPEG", ("usable: " if turbojpeg["usable"] else "not used: ") + turbojpeg["reason"]),
+        ("OpenCV", opencv_text),
+    ]
+    if resize_kernel is not None:
+        used = "nanopatch's C kernel, " if resize_kernel["used"] else "Pillow: "
+        rows.append(("bilinear resize, exact pass", used + str(resize_kernel["reason"])))
+    return ("Image decoding", rows)
 
 
 def _environment_section(environment: dict[str, str | None]) -> _Section:

@@ -25,7 +25,18 @@ from nanopatch.runner import _info
 from conftest import REPO_ROOT, child_env, run_python
 
 SECTIONS = ["CPU", "Packages", "PyTorch", "Image decoding", "Runtime environment", "Runtime tuning", "Options"]
-JSON_KEYS = {"cpu", "packages", "torch", "torch_support", "ipex", "libturbojpeg", "opencv", "environment", "options"}
+JSON_KEYS = {
+    "cpu",
+    "packages",
+    "torch",
+    "torch_support",
+    "ipex",
+    "libturbojpeg",
+    "opencv",
+    "resize_kernel",
+    "environment",
+    "options",
+}
 
 
 def expected_libturbojpeg():
@@ -131,6 +142,8 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     decoding = sections["Image decoding"]
     assert decoding["libturbojpeg"] == (expected_libturbojpeg() or "not found")
     assert re.fullmatch(r"(usable|not used): .+", decoding["PyTurboJPEG"])
+    resize = decoding["bilinear resize, exact pass"]
+    assert re.fullmatch(r"(nanopatch's C kernel, compiled by .+, kept in .+|Pillow: .+)", resize)
 
     runtime = sections["Runtime environment"]
     assert list(runtime) == list(_info.THREAD_VARIABLES)
@@ -360,6 +373,7 @@ def make_info(**overrides):
         "ipex": {"compatible": False, "reason": "intel-extension-for-pytorch is not installed"},
         "libturbojpeg": {"library": None, "pyturbojpeg": None, "usable": False, "reason": "PyTurboJPEG is missing"},
         "opencv": {"importable": True, "version": "4.10.0", "num_threads": 3},
+        "resize_kernel": {"used": False, "reason": "no C compiler (cc, gcc or clang) on PATH"},
         "environment": {"OMP_NUM_THREADS": "4", "LD_PRELOAD": None},
         "options": {
             "bf16": {"value": False, "source": "auto", "reason": "no native bf16 here"},
@@ -402,6 +416,7 @@ def test_format_table_on_a_hand_made_report():
         "libturbojpeg": "not found",
         "PyTurboJPEG": "not used: PyTurboJPEG is missing",
         "OpenCV": "4.10.0 (3 threads)",
+        "bilinear resize, exact pass": "Pillow: no C compiler (cc, gcc or clang) on PATH",
     }
     assert sections["Runtime environment"] == {"OMP_NUM_THREADS": "4", "LD_PRELOAD": "(unset)"}
     assert section(sections, "Options") == {

@@ -63,6 +63,14 @@ def crop_decode_state() -> str:
     return "unavailable (libturbojpeg has no TurboJPEG 3 API, or another backend): whole decode, box cut"
 
 
+def resize_kernel_state() -> str:
+    """What runs the exact pass of bilinear resizes here: nanopatch's compiled kernel, or Pillow (and why)."""
+    from nanopatch.targets.vision import _native
+
+    report = _native.report()
+    return f"nanopatch's C kernel ({report['reason']})" if report["used"] else f"Pillow ({report['reason']})"
+
+
 def where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
@@ -115,6 +123,7 @@ def implementation(variant: str, datasets: dict[str, Any], states: PatchStates) 
     info["pipeline_gets_encoded_file"] = encoded
     info["loader"] = f"{' / '.join(sorted(loaders))} -> {where(folder.pil_loader)}"
     info["crop_decode"] = crop_decode_state()
+    info["resize_kernel"] = resize_kernel_state()
     stock_classes = all(module.startswith("torchvision.") for module in classes)
     if variant == STOCK:
         for name, dataset in datasets.items():

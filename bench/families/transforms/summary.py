@@ -92,6 +92,8 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             print(f"      pipelines handed the file undecoded: {encoded} of {len(impl['pipeline_gets_encoded_file'])}")
             if "crop_decode" in impl:
                 print(f"      crop-aware decode (RandomResizedCrop): {impl['crop_decode']}")
+            if "resize_kernel" in impl:
+                print(f"      bilinear resize, exact pass: {impl['resize_kernel']}")
         else:
             print(f"      reads       {impl['reads']}")
     print()
