@@ -68,6 +68,7 @@ def child_env(extra: dict[str, str] | None = None, **overrides: str) -> dict[str
         "NANOPATCH_MEASURE_STEPS",
         "NANOPATCH_MEASURE_TIMEOUT",
         "NANOPATCH_NPROC_MEASURED",
+        "NANOPATCH_NATIVE",
     }
     env = {k: v for k, v in os.environ.items() if k not in private}
     paths = [str(TESTS_DIR)]

@@ -164,3 +164,54 @@ def test_inputs_the_kernel_does_not_take_go_to_pillow(fn):
     assert _native.rows(fn, np.zeros((4, 5), np.float32), 3, None) is None
     empty_rows = _native.rows(fn, np.zeros((4, 0), np.uint8), 3, None)
     assert empty_rows is not None and empty_rows.shape == (3, 0)
+
+
+WORKER_SCRIPT = """
+import sys, torch, torchvision, nanopatch
+import torchvision.transforms as T
+from nanopatch.targets.vision import _native
+nanopatch.patch_torch()
+
+# A target transform: whether the worker that loads the sample resized on the compiled kernel.
+class Probe:
+    def __call__(self, label):
+        return torch.tensor([_native.kernel() is not None])
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    pipeline = lambda: T.Compose([T.Resize(37), T.CenterCrop(33), T.ToTensor()])
+    _native._loaded["fn"] = None  # the expected tensors from Pillow's own loop
+    ds = torchvision.datasets.ImageFolder(root, transform=pipeline())
+    expected = torch.stack([ds[i][0] for i in range(len(ds))])
+    for method in ("fork", "spawn", "forkserver"):
+        _native._loaded.clear()  # never loaded here: each worker loads (or builds) it itself
+        ds = torchvision.datasets.ImageFolder(root, transform=pipeline(), target_transform=Probe())
+        loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context=method)
+        batches = list(loader)
+        assert torch.equal(torch.cat([images for images, _ in batches]), expected), method
+        assert torch.cat([probe for _, probe in batches]).all(), method
+        print(method, "ok")
+"""
+
+
+@pytest.mark.py_only  # worker processes of each start method
+def test_dataloader_workers_build_and_use_it(tmp_path):
+    """DataLoader workers of every start method, starting from an empty cache folder (the first
+    two build it at once), resize on the kernel, with the bytes of Pillow's own loop."""
+    if _native._compiler() is None and not REQUIRED:
+        pytest.skip("no C compiler here")
+    from conftest import child_env, run_python
+
+    rng = np.random.default_rng(8)
+    for cls in ("a", "b"):
+        (tmp_path / "images" / cls).mkdir(parents=True)
+        for i in range(3):
+            noise = rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3), dtype=np.uint8)
+            Image.fromarray(noise).save(tmp_path / "images" / cls / f"{i}.jpg", quality=90)
+    script = tmp_path / "workers.py"
+    script.write_text(WORKER_SCRIPT)
+    env = child_env(NANOPATCH_CACHE_DIR=str(tmp_path / "cache"))
+    proc = run_python([str(script), str(tmp_path / "images")], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
+    assert len(list((tmp_path / "cache" / "kernels").glob("resample-*.so"))) == 1
