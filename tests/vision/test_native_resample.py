@@ -86,19 +86,21 @@ def test_strided_and_read_only_views(fn):
         np.testing.assert_array_equal(_geometry._pillow_rows(arr, 33, None), expected)
 
 
-def test_resizes_match_pillow_as_before(fn, monkeypatch):
-    """Whole bilinear resizes (torch's first pass, then the exact one) give the same pixels with
-    the kernel as with Pillow's own loop, and stay within one level of Pillow's resize."""
+def test_resizes_without_the_kernel_stay_within_one_level(fn, monkeypatch):
+    """Where the kernel is not used, whole bilinear resizes (torch's first pass, then Pillow's
+    own loop) stay within one level of Pillow's resize; with it, these sizes are Pillow's."""
     rng = np.random.default_rng(5)
-    cases = [((375, 500), (256, 341)), ((300, 380), (224, 224)), ((40, 300), (10, 30)), ((90, 70), (224, 224))]
-    with_kernel = [_geometry._bilinear(rng.integers(0, 256, (*hw, 3), dtype=np.uint8), size) for hw, size in cases]
-    rng = np.random.default_rng(5)
-    monkeypatch.setattr(_native, "_loaded", {"fn": None})
-    for (hw, size), mine in zip(cases, with_kernel, strict=True):
-        pixels = rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
-        np.testing.assert_array_equal(mine, _geometry._bilinear(pixels, size))
-        pillow = np.asarray(Image.fromarray(pixels).resize(size[::-1], Image.BILINEAR))
-        assert np.abs(mine.astype(int) - pillow).max() <= 1
+    cases = [((375, 500), (256, 341)), ((300, 380), (224, 224)), ((90, 70), (224, 224))]
+    images = [rng.integers(0, 256, (*hw, 3), dtype=np.uint8) for hw, _ in cases]
+    pillow = [
+        np.asarray(Image.fromarray(a).resize(size[::-1], Image.BILINEAR))
+        for a, (_, size) in zip(images, cases, strict=True)
+    ]
+    for a, (_, size), want in zip(images, cases, pillow, strict=True):
+        np.testing.assert_array_equal(_geometry._bilinear(a, size), want)
+    monkeypatch.setattr(_native, "_loaded", {"fn": None, "columns_checked": None})
+    for a, (_, size), want in zip(images, cases, pillow, strict=True):
+        assert np.abs(_geometry._bilinear(a, size).astype(int) - want).max() <= 1
 
 
 def test_built_once_into_the_cache_folder(fresh, monkeypatch):
@@ -180,9 +182,9 @@ class Probe:
 if __name__ == "__main__":
     root = sys.argv[1]
     pipeline = lambda: T.Compose([T.Resize(37), T.CenterCrop(33), T.ToTensor()])
-    _native._loaded["fn"] = None  # the expected tensors from Pillow's own loop
-    ds = torchvision.datasets.ImageFolder(root, transform=pipeline())
-    expected = torch.stack([ds[i][0] for i in range(len(ds))])
+    with nanopatch.unpatched():  # stock's tensors: small images resize exactly on the kernel
+        ds = torchvision.datasets.ImageFolder(root, transform=pipeline())
+        expected = torch.stack([ds[i][0] for i in range(len(ds))])
     for method in ("fork", "spawn", "forkserver"):
         _native._loaded.clear()  # never loaded here: each worker loads (or builds) it itself
         ds = torchvision.datasets.ImageFolder(root, transform=pipeline(), target_transform=Probe())
@@ -197,7 +199,7 @@ if __name__ == "__main__":
 @pytest.mark.py_only  # worker processes of each start method
 def test_dataloader_workers_build_and_use_it(tmp_path):
     """DataLoader workers of every start method, starting from an empty cache folder (the first
-    two build it at once), resize on the kernel, with the bytes of Pillow's own loop."""
+    two build it at once), resize on the kernel, with stock's very tensors."""
     if _native._compiler() is None and not REQUIRED:
         pytest.skip("no C compiler here")
     from conftest import child_env, run_python
@@ -215,3 +217,76 @@ def test_dataloader_workers_build_and_use_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
     assert len(list((tmp_path / "cache" / "kernels").glob("resample-*.so"))) == 1
+
+
+def test_resizes_are_pillows_pixels_where_both_passes_are_compiled(fn):
+    """``resize`` and ``resize_crop`` (a resize computing only a crop of its output) give
+    Pillow's very pixels wherever the first pass runs on the compiled kernel too (lines of up to
+    512 RGB pixels shrunk at most 8x, or a first pass down the columns), and stay within one
+    level where torch's kernel does it (wider lines)."""
+    rng = np.random.default_rng(10)
+    exact_cases = 0
+    for _ in range(250):
+        channels = 3 if rng.random() < 0.85 else 1
+        in_h, in_w = int(rng.integers(2, 400)), int(rng.integers(2, 700))
+        out_h, out_w = (224, 224) if rng.random() < 0.3 else (int(rng.integers(2, 300)), int(rng.integers(2, 300)))
+        arr = rng.integers(0, 256, (in_h + 4, in_w + 6, channels), dtype=np.uint8)[2 : 2 + in_h, 3 : 3 + in_w]
+        pillow_in = Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if channels == 1 else arr))
+        pillow = np.asarray(pillow_in.resize((out_w, out_h), Image.BILINEAR)).reshape(out_h, out_w, channels)
+        height, width = int(rng.integers(1, out_h + 1)), int(rng.integers(1, out_w + 1))
+        top, left = int(rng.integers(0, out_h - height + 1)), int(rng.integers(0, out_w - width + 1))
+        resized = _geometry.resize(arr, (out_h, out_w))
+        cropped = _geometry.resize_crop(arr, (out_h, out_w), top, left, height, width)
+        box = pillow[top : top + height, left : left + width]
+        compiled_first = (
+            _geometry._columns_pay(in_w, out_w, channels)
+            or in_w == out_w
+            or _geometry._vertical_first((in_h, in_w), (out_h, out_w))
+        )
+        if compiled_first:
+            exact_cases += 1
+            np.testing.assert_array_equal(resized, pillow, err_msg=str((arr.shape, out_h, out_w)))
+            np.testing.assert_array_equal(cropped, box, err_msg=str((arr.shape, out_h, out_w, top, left)))
+        else:
+            assert np.abs(resized.astype(int) - pillow).max() <= 1
+            assert np.abs(cropped.astype(int) - box).max() <= 1
+    assert exact_cases > 100
+
+
+@pytest.fixture
+def columns_fn(fn):
+    kernel = _native.columns_kernel()
+    assert kernel is not None  # checked against Pillow like the vertical pass
+    return kernel
+
+
+def test_the_horizontal_pass_gives_pillows_bytes(columns_fn):
+    """On random widths (multiples of 16 bytes and not), heights (whole tiles of 16 lines and
+    not), channels, boxes and strided lines."""
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        h, w, c = int(rng.integers(1, 70)), int(rng.integers(1, 400)), int(rng.choice([1, 3]))
+        out_w = int(rng.integers(1, 500))
+        span = None
+        if rng.random() < 0.3:
+            lo = float(rng.uniform(0, w * 0.6))
+            span = (lo, float(rng.uniform(lo + 0.01, w)))
+        pixels = rng.integers(0, 256, (h, w + 5, c), dtype=np.uint8)
+        arr = pixels[:, :w] if rng.random() < 0.3 else np.ascontiguousarray(pixels[:, :w])
+        expected = _geometry._pillow_columns(np.ascontiguousarray(arr), out_w, span)
+        np.testing.assert_array_equal(
+            _native.columns(columns_fn, arr, out_w, span), expected, err_msg=str((h, w, c, out_w, span))
+        )
+
+
+def test_a_horizontal_pass_that_differs_is_not_used(fn, monkeypatch):
+    def wrong(src, src_stride, h, in_w, channels, in0, in1, out_w, ksize, out, out_stride, *scratch):
+        ctypes.memset(out, 7, h * out_stride)
+        return 0
+
+    monkeypatch.setattr(_native, "_loaded", {"fn": fn, "columns": wrong})
+    assert _native.columns_kernel() is None
+    assert _native.kernel() is fn  # the vertical pass stays in use
+    pixels = np.random.default_rng(13).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(pixels).resize((30, 20), Image.BILINEAR))
+    assert np.abs(_geometry._bilinear(pixels, (20, 30)).astype(int) - want).max() <= 1

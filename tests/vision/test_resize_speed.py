@@ -7,7 +7,9 @@ code they replace.
   image (``_pillow_rows_l``), and its horizontal pass done as the vertical pass of the
   transposed pixels is Pillow's RGB image pass (``_pillow_columns``);
 * so ``resize`` and ``resize_crop`` give what they gave with all three switched off (the code
-  before), over many random sizes, crops, layouts (strided, read-only) and both pass orders;
+  before), over many random sizes, crops, layouts (strided, read-only) and both pass orders
+  (here with nanopatch's compiled passes off: with them on, those runs are Pillow's very pixels,
+  tests/vision/test_native_resample.py);
 * a ``CenterCrop`` first in a pipeline over an undecoded file decodes only its box
   (``Pixels.box``) and gives stock's tensors, v1 and v2, also where the crop pads.
 """
@@ -26,6 +28,14 @@ from nanopatch.targets.vision import _geometry as g
 from nanopatch.targets.vision._pixels import Pixels
 
 FAST_PATHS = ("_aa_into_usable", "_rgbx_rows_usable", "_axes_alike")
+
+
+@pytest.fixture(autouse=True)
+def no_compiled_passes(monkeypatch):
+    """The passes this file compares run where the compiled ones are not used."""
+    from nanopatch.targets.vision import _native
+
+    monkeypatch.setattr(_native, "_loaded", {"fn": None, "columns_checked": None})
 
 
 def _before(monkeypatch) -> None:

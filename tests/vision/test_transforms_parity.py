@@ -450,10 +450,19 @@ JITTER_PIPELINE_TOL = {
 }
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled resize", "torch first pass"])
 @pytest.mark.parametrize("jitter", ["no hue", "hue"])
-def test_resampling_then_color_jitter_stays_within_the_pipeline_tolerance(jitter):
+def test_resampling_then_color_jitter_stays_within_the_pipeline_tolerance(jitter, compiled, monkeypatch):
     """RandomResizedCrop (+ flip) then ColorJitter, seeded, on several images: each step alone
-    is within one level of stock, the pipeline within JITTER_PIPELINE_TOL."""
+    is within one level of stock, the pipeline within JITTER_PIPELINE_TOL. With nanopatch's
+    compiled resize passes (images up to 512 pixels wide), the crops are stock's very pixels, so
+    the whole pipeline is too; with torch's kernel for the first pass, it drifts."""
+    from nanopatch.targets.vision import _native
+
+    if compiled and _native.columns_kernel() is None:
+        pytest.skip(f"no compiled resize kernel here: {_native.why_not()}")
+    if not compiled:
+        monkeypatch.setattr(_native, "_loaded", {"fn": None, "columns_checked": None})
     hue = 0.1 if jitter == "hue" else 0.0
     recipe = R(
         "Compose", [R("RandomResizedCrop", 224), R("RandomHorizontalFlip"), R("ColorJitter", 0.4, 0.4, 0.4, hue)]
@@ -477,8 +486,10 @@ def test_resampling_then_color_jitter_stays_within_the_pipeline_tolerance(jitter
             over = [key for key in tol if call[key] > tol[key]]
             assert not over, f"image {i}, seed {seed}: {call} beyond {tol}"
             worst = {key: max(worst[key], call[key]) for key in worst}
-    # the premise: the pipeline does drift beyond one level (the steps alone never do)
-    assert worst["max"] >= 2 and worst["share_over_1"] > 0, worst
+    if compiled:
+        assert worst == {"max": 0, "share_over_1": 0.0, "mean": 0.0}, worst
+    else:  # the premise: the pipeline does drift beyond one level (the steps alone never do)
+        assert worst["max"] >= 2 and worst["share_over_1"] > 0, worst
 
 
 class Recorder:
