@@ -124,7 +124,7 @@ def _opencv_report() -> dict[str, Any]:
 
 
 def _resize_kernel_report() -> dict[str, Any]:
-    """Whether bilinear resizes' exact pass runs on nanopatch's compiled kernel (builds it where
+    """Whether bilinear resizes run on nanopatch's compiled kernels (builds them where
     it was never built: ``--info`` asked)."""
     try:
         from nanopatch.targets.vision import _native
@@ -247,8 +247,8 @@ def _image_decoding_section(
         ("OpenCV", opencv_text),
     ]
     if resize_kernel is not None:
-        used = "nanopatch's C kernel, " if resize_kernel["used"] else "Pillow: "
-        rows.append(("bilinear resize, exact pass", used + str(resize_kernel["reason"])))
+        used = "nanopatch's C kernels, " if resize_kernel["used"] else "torch and Pillow: "
+        rows.append(("bilinear resize", used + str(resize_kernel["reason"])))
     return ("Image decoding", rows)
 
 

@@ -142,8 +142,8 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     decoding = sections["Image decoding"]
     assert decoding["libturbojpeg"] == (expected_libturbojpeg() or "not found")
     assert re.fullmatch(r"(usable|not used): .+", decoding["PyTurboJPEG"])
-    resize = decoding["bilinear resize, exact pass"]
-    assert re.fullmatch(r"(nanopatch's C kernel, compiled by .+, kept in .+|Pillow: .+)", resize)
+    resize = decoding["bilinear resize"]
+    assert re.fullmatch(r"(nanopatch's C kernels, compiled by .+, kept in .+|torch and Pillow: .+)", resize)
 
     runtime = sections["Runtime environment"]
     assert list(runtime) == list(_info.THREAD_VARIABLES)
@@ -416,7 +416,7 @@ def test_format_table_on_a_hand_made_report():
         "libturbojpeg": "not found",
         "PyTurboJPEG": "not used: PyTurboJPEG is missing",
         "OpenCV": "4.10.0 (3 threads)",
-        "bilinear resize, exact pass": "Pillow: no C compiler (cc, gcc or clang) on PATH",
+        "bilinear resize": "torch and Pillow: no C compiler (cc, gcc or clang) on PATH",
     }
     assert sections["Runtime environment"] == {"OMP_NUM_THREADS": "4", "LD_PRELOAD": "(unset)"}
     assert section(sections, "Options") == {

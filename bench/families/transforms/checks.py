@@ -64,11 +64,13 @@ def crop_decode_state() -> str:
 
 
 def resize_kernel_state() -> str:
-    """What runs the exact pass of bilinear resizes here: nanopatch's compiled kernel, or Pillow (and why)."""
+    """What runs bilinear resizes here: nanopatch's compiled kernels, or torch's and Pillow's (and why)."""
     from nanopatch.targets.vision import _native
 
     report = _native.report()
-    return f"nanopatch's C kernel ({report['reason']})" if report["used"] else f"Pillow ({report['reason']})"
+    if report["used"]:
+        return f"nanopatch's C kernels, Pillow's pixels where both passes run on them ({report['reason']})"
+    return f"torch's first pass, Pillow's second ({report['reason']})"
 
 
 def where(obj: Any) -> str:

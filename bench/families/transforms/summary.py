@@ -93,7 +93,7 @@ def print_report(args: argparse.Namespace, reports: list[dict], rows: list[dict]
             if "crop_decode" in impl:
                 print(f"      crop-aware decode (RandomResizedCrop): {impl['crop_decode']}")
             if "resize_kernel" in impl:
-                print(f"      bilinear resize, exact pass: {impl['resize_kernel']}")
+                print(f"      bilinear resize: {impl['resize_kernel']}")
         else:
             print(f"      reads       {impl['reads']}")
     print()

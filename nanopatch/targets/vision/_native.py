@@ -350,7 +350,8 @@ def kernel() -> Any:
                 _why_not = "the compiled kernel does not give Pillow's bytes on this machine"
                 fn = None
             if fn is None:
-                log_once("native-resample", "nanopatch: bilinear resizes' exact pass runs on Pillow: %s", _why_not)
+                said = "nanopatch: bilinear resizes run on torch's and Pillow's kernels: %s"
+                log_once("native-resample", said, _why_not)
             _loaded["fn"] = fn
         return _loaded["fn"]
 
