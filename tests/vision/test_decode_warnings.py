@@ -107,11 +107,11 @@ LOADER_SCRIPT = textwrap.dedent(
     root = sys.argv[1]
     rng = np.random.default_rng(0)
     for i in range(4):
-        Image.fromarray(rng.integers(0, 256, (48, 600, 3), dtype=np.uint8)).save(f"{root}/a/{i}.jpg")
+        Image.fromarray(rng.integers(0, 256, (48, 1100, 3), dtype=np.uint8)).save(f"{root}/a/{i}.jpg")
     # a shrink of one axis of lines wider than the compiled pass takes, 3 channels: nanopatch's
     # resize checks torch's kernel on the first image, after the loader's first iterator has
     # warned (pin_memory without an accelerator)
-    dataset = torchvision.datasets.ImageFolder(root, T.Compose([T.Resize((48, 520)), T.PILToTensor()]))
+    dataset = torchvision.datasets.ImageFolder(root, T.Compose([T.Resize((48, 1000)), T.PILToTensor()]))
     train = torch.utils.data.DataLoader(dataset, batch_size=2, pin_memory=True)
     test = torch.utils.data.DataLoader(dataset, batch_size=2, pin_memory=True)
     for epoch in range(2):

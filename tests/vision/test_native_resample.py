@@ -222,7 +222,7 @@ def test_dataloader_workers_build_and_use_it(tmp_path):
 def test_resizes_are_pillows_pixels_where_both_passes_are_compiled(fn):
     """``resize`` and ``resize_crop`` (a resize computing only a crop of its output) give
     Pillow's very pixels wherever the first pass runs on the compiled kernel too (lines of up to
-    512 RGB pixels shrunk at most 8x, or a first pass down the columns), and stay within one
+    1024 RGB pixels shrunk at most 4x, or a first pass down the columns), and stay within one
     level where torch's kernel does it (wider lines)."""
     rng = np.random.default_rng(10)
     exact_cases = 0

@@ -455,7 +455,7 @@ JITTER_PIPELINE_TOL = {
 def test_resampling_then_color_jitter_stays_within_the_pipeline_tolerance(jitter, compiled, monkeypatch):
     """RandomResizedCrop (+ flip) then ColorJitter, seeded, on several images: each step alone
     is within one level of stock, the pipeline within JITTER_PIPELINE_TOL. With nanopatch's
-    compiled resize passes (images up to 512 pixels wide), the crops are stock's very pixels, so
+    compiled resize passes (images up to ~900 pixels wide), the crops are stock's very pixels, so
     the whole pipeline is too; with torch's kernel for the first pass, it drifts."""
     from nanopatch.targets.vision import _native
 

@@ -236,9 +236,10 @@ def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     nanopatch's compiled copies of Pillow's loops (``_native``), else within one grey level.
 
     Pillow resamples one axis, rounds to uint8, then the other. The compiled passes are
-    Pillow's arithmetic. The horizontal one runs 16 lines at a time on transposed bytes, which
-    pays for lines of up to 512 RGB pixels shrunk at most 8x (:func:`_columns_pay`); for wider
-    ones, or without the kernel, torch's uint8 kernel does the first pass. That one is within
+    Pillow's arithmetic. The horizontal one runs 16 lines at a time on transposed bytes, as
+    fast as torch's kernel or faster for lines of up to 1024 RGB pixels shrunk at most 4x
+    (:func:`_columns_pay`); for wider ones, or without the kernel, torch's uint8 kernel does
+    the first pass. That one is within
     one level of Pillow's (16-bit weights where Pillow uses 22-bit ones), and two such passes
     could add up to two levels, so the second pass is always exact: an exact pass with
     non-negative weights moves a one-level error in its input by at most one level, and
@@ -258,10 +259,13 @@ def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def _columns_pay(in_w: int, out_w: int, channels: int) -> bool:
-    """Whether the compiled horizontal pass beats torch's kernel (measured on a 2-core AMD EPYC:
-    0.74x torch's time for 300x512 -> 224 RGB, 1.02x for 512 -> 64, 1.24x for 512 -> 32, 1.56x
-    for 1800x2400 -> 800, whose 16 transposed lines no longer fit the L1 cache)."""
-    return in_w * channels <= 1536 and in_w <= 8 * out_w
+    """Whether the compiled horizontal pass is as fast as torch's kernel or faster, so that the
+    resize is exact at no cost: lines of up to 1024 RGB pixels shrunk at most 4x. Measured on a
+    2-core AMD EPYC, one core, its time over torch's: 0.74 for 300x512 -> 224 wide, 0.80 for
+    450x600 -> 341, 0.92 for 600x800 -> 341, 0.99-1.04 for 450x600 -> 224, 300x700 -> 224 and
+    300x1000 -> 300; outside the rule 1.10 for 900x1200 -> 341, 1.24 for 512 -> 32 and 1.56 for
+    1800x2400 -> 800 (16 transposed lines of 2400 pixels no longer fit the L1 cache)."""
+    return in_w * channels <= 3072 and in_w <= 4 * out_w
 
 
 def _first_columns(arr: np.ndarray, out_w: int, slot: str | None) -> np.ndarray:

@@ -11,8 +11,8 @@ integer sums, rounding and clipping. Same arithmetic, so the very bytes Pillow g
   vectorizes), ~4x faster than Pillow's;
 * the pass along the lines (``nanopatch_bilinear_columns``, :func:`columns`), on 16 lines at a
   time transposed in SSE2 registers so that each weight multiplies the 16 lines' bytes at once
-  (AVX2 where the CPU has it): faster than torch's 16-bit kernel for lines of up to 512 RGB
-  pixels (``_geometry._columns_pay``), which ``_geometry`` then uses for wider ones.
+  (AVX2 where the CPU has it): as fast as torch's 16-bit kernel or faster for lines of up to
+  1024 RGB pixels shrunk at most 4x (``_geometry._columns_pay``), which ``_geometry`` then uses for wider ones.
 
 nanopatch compiles it with this machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``;
 ``-mavx2`` where the CPU has AVX2) once, into the cache folder (``kernels/`` under
