@@ -290,3 +290,19 @@ def test_a_horizontal_pass_that_differs_is_not_used(fn, monkeypatch):
     pixels = np.random.default_rng(13).integers(0, 256, (40, 60, 3), dtype=np.uint8)
     want = np.asarray(Image.fromarray(pixels).resize((30, 20), Image.BILINEAR))
     assert np.abs(_geometry._bilinear(pixels, (20, 30)).astype(int) - want).max() <= 1
+
+
+def test_a_damaged_kernel_file_is_built_again(fresh):
+    if _native._compiler() is None:
+        pytest.skip("no C compiler here")
+    path = _native.library_path(_native._compiler(), _native._flags())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")
+    assert _native.kernel() is not None, _native.why_not()
+    assert path.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_an_unusable_cache_folder_falls_back(fresh, monkeypatch):
+    (fresh / "kernels").write_text("a file where the folder should be")
+    assert _native.kernel() is None
+    assert _native.why_not().startswith("could not build or load")

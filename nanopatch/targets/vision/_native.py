@@ -33,6 +33,7 @@ import hashlib
 import logging
 import math
 import os
+import platform
 import shutil
 import subprocess
 import threading
@@ -271,7 +272,7 @@ def library_path(compiler: str, flags: list[str]) -> Path:
     """Where the kernel built by ``compiler`` with ``flags`` is kept."""
     from nanopatch.foundation.records import cache_dir
 
-    key = hashlib.sha256("\0".join([SOURCE, compiler, *flags, os.uname().machine]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([SOURCE, compiler, *flags, platform.machine()]).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"resample-{key}.so"
 
 
@@ -300,6 +301,18 @@ def _build(compiler: str, flags: list[str], path: Path) -> None:
                 pass
 
 
+def _open(compiler: str, flags: list[str], path: Path) -> ctypes.CDLL:
+    """The library at ``path``, built there first where it is missing or does not load (a file
+    damaged since it was built is built again)."""
+    if path.exists():
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError:
+            pass
+    _build(compiler, flags, path)
+    return ctypes.CDLL(str(path))
+
+
 def _load() -> Any:
     """The compiled ``nanopatch_bilinear_rows``, built first where needed; None (with the reason
     in ``_why_not``) where it cannot be had or is off."""
@@ -312,16 +325,15 @@ def _load() -> Any:
         _why_not = "no C compiler (cc, gcc or clang) on PATH"
         return None
     flags = _flags()
-    path = library_path(compiler, flags)
+    path = None
     try:
-        if not path.exists():
-            _build(compiler, flags, path)
-        lib = ctypes.CDLL(str(path))
+        path = library_path(compiler, flags)
+        lib = _open(compiler, flags, path)
     except subprocess.CalledProcessError as exc:
         _why_not = f"{compiler} could not build it: {(exc.stderr or '').strip()[-300:] or exc}"
         return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        _why_not = f"could not build or load {path}: {exc}"
+    except Exception as exc:  # no cache folder, a read-only or noexec one, a timeout: not used
+        _why_not = f"could not build or load {path or 'the kernel'}: {exc}"
         return None
     fn = lib.nanopatch_bilinear_rows
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
