@@ -127,7 +127,7 @@ def _resize_kernel_report() -> dict[str, Any]:
     """Whether bilinear resizes run on nanopatch's compiled kernels (builds them where
     it was never built: ``--info`` asked)."""
     try:
-        from nanopatch.targets.vision import _native
+        from nanopatch.targets.vision import native as _native
 
         return _native.report()
     except Exception as exc:  # a report never fails over one row

@@ -1,4 +1,4 @@
-"""nanopatch's compiled copy of Pillow's bilinear pass (nanopatch/targets/vision/_native.py):
+"""nanopatch's compiled copy of Pillow's bilinear pass (nanopatch/targets/vision/native.py):
 Pillow's very bytes on any shape, box and memory layout, built once into the cache folder, and
 Pillow's own loop, said once, wherever it cannot be had."""
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nanopatch.targets.vision import _geometry, _native
+from nanopatch.targets.vision import _geometry
+from nanopatch.targets.vision import native as _native
 
 REQUIRED = os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") == "1"
 
@@ -171,7 +172,7 @@ def test_inputs_the_kernel_does_not_take_go_to_pillow(fn):
 WORKER_SCRIPT = """
 import sys, torch, torchvision, nanopatch
 import torchvision.transforms as T
-from nanopatch.targets.vision import _native
+from nanopatch.targets.vision import native as _native
 nanopatch.patch_torch()
 
 # A target transform: whether the worker that loads the sample resized on the compiled kernel.

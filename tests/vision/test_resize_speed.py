@@ -33,7 +33,7 @@ FAST_PATHS = ("_aa_into_usable", "_rgbx_rows_usable", "_axes_alike")
 @pytest.fixture(autouse=True)
 def no_compiled_passes(monkeypatch):
     """The passes this file compares run where the compiled ones are not used."""
-    from nanopatch.targets.vision import _native
+    from nanopatch.targets.vision import native as _native
 
     monkeypatch.setattr(_native, "_loaded", {"fn": None, "columns_checked": None})
 

@@ -457,7 +457,7 @@ def test_resampling_then_color_jitter_stays_within_the_pipeline_tolerance(jitter
     is within one level of stock, the pipeline within JITTER_PIPELINE_TOL. With nanopatch's
     compiled resize passes (images up to ~900 pixels wide), the crops are stock's very pixels, so
     the whole pipeline is too; with torch's kernel for the first pass, it drifts."""
-    from nanopatch.targets.vision import _native
+    from nanopatch.targets.vision import native as _native
 
     if compiled and _native.columns_kernel() is None:
         pytest.skip(f"no compiled resize kernel here: {_native.why_not()}")

@@ -65,7 +65,7 @@ def crop_decode_state() -> str:
 
 def resize_kernel_state() -> str:
     """What runs bilinear resizes here: nanopatch's compiled kernels, or torch's and Pillow's (and why)."""
-    from nanopatch.targets.vision import _native
+    from nanopatch.targets.vision import native as _native
 
     report = _native.report()
     if report["used"]:

@@ -30,8 +30,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _native
+from . import native as _native
 from ._opencv import cv2
+from ._pillow import ROWS_CHECKS
+from ._pillow import columns as _pillow_columns
+from ._pillow import rows_l as _pillow_rows_l
 from ._pixels import checked, contiguous, from_pil, to_pil
 
 # torchvision.transforms.InterpolationMode values (strings), so this module needs no torchvision.
@@ -233,7 +236,7 @@ def _aa_into_usable() -> bool:
 
 def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Pillow's bilinear resize, faster than Pillow: its very pixels where both passes run on
-    nanopatch's compiled copies of Pillow's loops (``_native``), else within one grey level.
+    nanopatch's compiled copies of Pillow's loops (``native``), else within one grey level.
 
     Pillow resamples one axis, rounds to uint8, then the other. The compiled passes are
     Pillow's arithmetic. The horizontal one runs 16 lines at a time on transposed bytes, as
@@ -313,7 +316,7 @@ def _pillow_pass(
 
 def _pillow_rows(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) -> np.ndarray:
     """Pillow's bilinear vertical pass of the bytes of ``arr`` (H, ...) to ``out_h`` rows:
-    (out_h, row bytes) uint8, by nanopatch's compiled copy of Pillow's loop (``_native``: the
+    (out_h, row bytes) uint8, by nanopatch's compiled copy of Pillow's loop (``native``: the
     same bytes, ~4x faster) where this machine built it, else the fastest of Pillow's own
     loops that gives these bytes."""
     fn = _native.kernel()
@@ -323,16 +326,6 @@ def _pillow_rows(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) 
             return out
     rows = _pillow_rows_rgbx if _rgbx_rows_usable() else _pillow_rows_l
     return rows(arr.reshape(arr.shape[0], -1) if arr.flags.c_contiguous else arr, out_h, span)
-
-
-def _pillow_columns(arr: np.ndarray, out_w: int, span: tuple[float, float] | None) -> np.ndarray:
-    """Pillow's bilinear horizontal pass of (H, W, C) pixels to ``out_w`` columns, on Pillow's
-    own "L"/"RGB" image."""
-    from PIL import Image
-
-    in_h, in_w = arr.shape[:2]
-    box = (0, 0, in_w, in_h) if span is None else (span[0], 0, span[1], in_h)
-    return from_pil(to_pil(arr).resize((out_w, in_h), Image.BILINEAR, box))
 
 
 @functools.cache
@@ -360,19 +353,6 @@ def _axes_alike() -> bool:
     return True
 
 
-def _pillow_rows_l(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) -> np.ndarray:
-    """Pillow's bilinear vertical pass of the bytes of ``arr`` (each row's bytes, whatever its
-    shape past the first axis) to ``out_h`` rows, as one "L" image shared with the array:
-    (out_h, row bytes) uint8."""
-    from PIL import Image
-
-    arr = np.ascontiguousarray(arr)
-    in_h, row = arr.shape[0], arr.size // max(arr.shape[0], 1)
-    flat = Image.frombuffer("L", (row, in_h), arr, "raw", "L", 0, 1)
-    box = (0, 0, row, in_h) if span is None else (0, span[0], row, span[1])
-    return np.asarray(flat.resize((row, out_h), Image.BILINEAR, box))
-
-
 def _pillow_rows_rgbx(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) -> np.ndarray:
     """``_pillow_rows_l``'s bytes, computed by Pillow's four-band loop: each row's bytes go to
     Pillow as the pixels of one "RGBX" image (shared with the array when a row is a whole number
@@ -393,19 +373,6 @@ def _pillow_rows_rgbx(arr: np.ndarray, out_h: int, span: tuple[float, float] | N
     box = (0, 0, padded // 4, in_h) if span is None else (0, span[0], padded // 4, span[1])
     out = np.asarray(img.resize((padded // 4, out_h), Image.BILINEAR, box)).reshape(out_h, padded)
     return out if padded == row else np.ascontiguousarray(out[:, :row])
-
-
-#: (source lines, bytes a line, output lines, box) of the noise images on which a vertical pass
-#: other than Pillow's own "L" one is checked before it is used: shrinking, enlarging, with and
-#: without a box, lines a whole number of 4-byte pixels or not
-ROWS_CHECKS = (
-    (37, 36, 20, None),
-    (37, 35, 20, None),
-    (13, 22, 31, None),
-    (300, 672, 224, None),
-    (60, 30, 40, (3.5, 55.25)),
-    (60, 33, 23, (0.0, 41.0)),
-)
 
 
 @functools.cache

@@ -424,9 +424,10 @@ def rows(fn: Any, arr: np.ndarray, out_h: int, span: tuple[float, float] | None)
 
 
 def _matches_pillow(fn: Any) -> bool:
-    """Whether ``fn`` gives Pillow's own vertical pass bytes (``_geometry._pillow_rows_l``) on
-    noise images: ``_geometry.ROWS_CHECKS``, a large reduction, and one or a few lines."""
-    from ._geometry import ROWS_CHECKS, _pillow_rows_l
+    """Whether ``fn`` gives Pillow's own vertical pass bytes (``_pillow.rows_l``) on
+    noise images: ``_pillow.ROWS_CHECKS``, a large reduction, and one or a few lines."""
+    from ._pillow import ROWS_CHECKS
+    from ._pillow import rows_l as _pillow_rows_l
 
     rng = np.random.default_rng(23)
     cases = [
@@ -506,9 +507,9 @@ def columns(fn: Any, arr: np.ndarray, out_w: int, span: tuple[float, float] | No
 
 
 def _columns_match_pillow(fn: Any) -> bool:
-    """Whether ``fn`` gives Pillow's own horizontal pass (``_geometry._pillow_columns``) on noise
+    """Whether ``fn`` gives Pillow's own horizontal pass (``_pillow.columns``) on noise
     images: 3 channels and 1, lines a multiple of 16 and not, shrinking, enlarging, a box."""
-    from ._geometry import _pillow_columns
+    from ._pillow import columns as _pillow_columns
 
     rng = np.random.default_rng(31)
     cases = [
