@@ -242,11 +242,10 @@ def _bilinear(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     Pillow's arithmetic. The horizontal one runs 16 lines at a time on transposed bytes, as
     fast as torch's kernel or faster for lines of up to 1024 RGB pixels shrunk at most 4x
     (:func:`_columns_pay`); for wider ones, or without the kernel, torch's uint8 kernel does
-    the first pass. That one is within
-    one level of Pillow's (16-bit weights where Pillow uses 22-bit ones), and two such passes
-    could add up to two levels, so the second pass is always exact: an exact pass with
-    non-negative weights moves a one-level error in its input by at most one level, and
-    rounding is monotone, so the result stays within one.
+    the first pass. That one is within one level of Pillow's (16-bit weights where Pillow uses
+    22-bit ones), and two such passes could add up to two levels, so the second pass is always
+    exact: an exact pass with non-negative weights moves a one-level error in its input by at
+    most one level, and rounding is monotone, so the result stays within one.
     """
     in_h, in_w = arr.shape[:2]
     out_h, out_w = size
@@ -271,17 +270,29 @@ def _columns_pay(in_w: int, out_w: int, channels: int) -> bool:
     return in_w * channels <= 3072 and in_w <= 4 * out_w
 
 
+def _compiled_columns(arr: np.ndarray, out_w: int, span: tuple[float, float] | None) -> np.ndarray | None:
+    """The horizontal pass of the (H, W, C) ``arr`` on the compiled kernel, where it is used and
+    pays (:func:`_columns_pay`): (H, out_w, C); else None."""
+    fn = _native.columns_kernel() if _columns_pay(arr.shape[1], out_w, arr.shape[2]) else None
+    return None if fn is None else _native.columns(fn, arr, out_w, span)
+
+
+def _compiled_rows(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) -> np.ndarray | None:
+    """The vertical pass of the bytes of ``arr`` on the compiled kernel, where it is used:
+    (out_h, row bytes); else None."""
+    fn = _native.kernel()
+    return None if fn is None else _native.rows(fn, arr, out_h, span)
+
+
 def _first_columns(arr: np.ndarray, out_w: int, slot: str | None) -> np.ndarray:
     """The first, horizontal, pass: exact on the compiled kernel where it pays, else torch's."""
-    fn = _native.columns_kernel() if _columns_pay(arr.shape[1], out_w, arr.shape[2]) else None
-    out = _native.columns(fn, arr, out_w) if fn is not None else None
+    out = _compiled_columns(arr, out_w, None)
     return out if out is not None else _torch_pass(arr, (arr.shape[0], out_w), slot)
 
 
 def _first_rows(arr: np.ndarray, out_h: int, slot: str | None) -> np.ndarray:
     """The first, vertical, pass: exact on the compiled kernel where it is used, else torch's."""
-    fn = _native.kernel()
-    out = _native.rows(fn, arr, out_h, None) if fn is not None else None
+    out = _compiled_rows(arr, out_h, None)
     if out is not None:
         return out.reshape(out_h, *arr.shape[1:])
     return _torch_pass(arr, (out_h, arr.shape[1]), slot)
@@ -303,8 +314,7 @@ def _pillow_pass(
     out_h, out_w = size
     if vertical:
         return _pillow_rows(arr, out_h, span).reshape(out_h, out_w, channels)
-    fn = _native.columns_kernel() if _columns_pay(in_w, out_w, channels) else None
-    done = _native.columns(fn, arr, out_w, span) if fn is not None else None
+    done = _compiled_columns(arr, out_w, span)
     if done is not None:
         return done
     if _axes_alike():
@@ -319,11 +329,9 @@ def _pillow_rows(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) 
     (out_h, row bytes) uint8, by nanopatch's compiled copy of Pillow's loop (``native``: the
     same bytes, ~4x faster) where this machine built it, else the fastest of Pillow's own
     loops that gives these bytes."""
-    fn = _native.kernel()
-    if fn is not None:
-        out = _native.rows(fn, arr, out_h, span)
-        if out is not None:
-            return out
+    out = _compiled_rows(arr, out_h, span)
+    if out is not None:
+        return out
     rows = _pillow_rows_rgbx if _rgbx_rows_usable() else _pillow_rows_l
     return rows(arr.reshape(arr.shape[0], -1) if arr.flags.c_contiguous else arr, out_h, span)
 
