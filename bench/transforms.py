@@ -17,9 +17,10 @@ in these variants:
 * ``nanopatch fast decode``: after ``patch_torch(training=False, fast_decode=True)`` (DCT-scaled
   decode where the pipeline allows it).
 
-Both nanopatch variants decode only RandomResizedCrop's box where libturbojpeg is libjpeg-turbo 3
-(exact: the same pixels as the whole decode cut; the report says whether it is on). To time them
-without it on such a machine, run with ``NANOPATCH_CROP_DECODE=0``.
+Both nanopatch variants decode only RandomResizedCrop's box where a region decoder loads (the
+one nanopatch compiles against the system's libjpeg, or libjpeg-turbo 3's TurboJPEG API; exact:
+the same pixels as the whole decode cut; the report says which is on). To time them without it,
+run with ``NANOPATCH_CROP_DECODE=0``.
 * ``albumentations``: the equivalent albumentations pipelines on ``cv2.imread`` + BGR2RGB over the
   same files (left out, with a note, when albumentations is not installed).
 * ``tv tensors``: torchvision's tensor path, as its docs advise: ``torchvision.io.decode_jpeg`` to a

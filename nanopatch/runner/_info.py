@@ -123,14 +123,15 @@ def _opencv_report() -> dict[str, Any]:
     return {"importable": True, "version": cv2.__version__, "num_threads": cv2.getNumThreads()}
 
 
-def _resize_kernel_report() -> dict[str, Any]:
-    """Whether bilinear resizes run on nanopatch's compiled kernels (builds them where
-    it was never built: ``--info`` asked)."""
+def _vision_report(key: str) -> dict[str, Any]:
+    """One row's ``{"used", "reason"}`` of the compiled vision code, which the report may build
+    and check (``--info`` asked); never fails over one row. ``key``: ``resize_kernel`` (bilinear
+    resizes on nanopatch's kernels) or ``crop_decode`` (RandomResizedCrop's box decoded alone)."""
     try:
-        from nanopatch.targets.vision import native as _native
+        from nanopatch.targets.vision import decode, native
 
-        return _native.report()
-    except Exception as exc:  # a report never fails over one row
+        return {"resize_kernel": native.report, "crop_decode": decode.region_report}[key]()
+    except Exception as exc:
         return {"used": False, "reason": _error(exc)}
 
 
@@ -153,7 +154,8 @@ def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None
         "ipex": {"compatible": ipex_ok, "reason": ipex_reason},
         "libturbojpeg": libturbojpeg_report(),
         "opencv": _opencv_report(),
-        "resize_kernel": _resize_kernel_report(),
+        "resize_kernel": _vision_report("resize_kernel"),
+        "crop_decode": _vision_report("crop_decode"),
         "environment": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "options": current["options"] if current["patched"] else config.resolve(options).as_dict(),
         "targets": current["targets"],
@@ -177,7 +179,9 @@ def format_table(info: dict[str, Any]) -> str:
         _cpu_section(info["cpu"]),
         ("Packages", [(name, version or "not installed") for name, version in info["packages"].items()]),
         _pytorch_section(info["torch"], info["ipex"], info["torch_support"]),
-        _image_decoding_section(info["libturbojpeg"], info["opencv"], info.get("resize_kernel")),
+        _image_decoding_section(
+            info["libturbojpeg"], info["opencv"], info.get("resize_kernel"), info.get("crop_decode")
+        ),
         _environment_section(info["environment"]),
     ]
     tuning = _tuning_section(info)
@@ -232,11 +236,15 @@ def _pytorch_section(torch: dict[str, Any], ipex: dict[str, Any], support: dict[
 
 
 def _image_decoding_section(
-    turbojpeg: dict[str, Any], opencv: dict[str, Any], resize_kernel: dict[str, Any] | None = None
+    turbojpeg: dict[str, Any],
+    opencv: dict[str, Any],
+    resize_kernel: dict[str, Any] | None = None,
+    crop_decode: dict[str, Any] | None = None,
 ) -> _Section:
     """The JPEG decoders nanopatch can use: libturbojpeg through PyTurboJPEG
-    (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`); and what runs the exact
-    pass of bilinear resizes (:func:`_resize_kernel_report`)."""
+    (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`); what decodes a crop's box
+    alone (:func:`_vision_report`); and what runs the exact pass of bilinear resizes
+    (:func:`_vision_report`)."""
     if opencv["importable"]:
         opencv_text = f"{opencv['version']} ({opencv['num_threads']} threads)"
     else:
@@ -246,6 +254,9 @@ def _image_decoding_section(
         ("PyTurboJPEG", ("usable: " if turbojpeg["usable"] else "not used: ") + turbojpeg["reason"]),
         ("OpenCV", opencv_text),
     ]
+    if crop_decode is not None:
+        used = "the box alone, with " if crop_decode["used"] else "the whole image, then cut: "
+        rows.append(("crop-aware decode", used + str(crop_decode["reason"])))
     if resize_kernel is not None:
         used = "nanopatch's C kernels, " if resize_kernel["used"] else "torch and Pillow: "
         rows.append(("bilinear resize", used + str(resize_kernel["reason"])))

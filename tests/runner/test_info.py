@@ -34,6 +34,7 @@ JSON_KEYS = {
     "libturbojpeg",
     "opencv",
     "resize_kernel",
+    "crop_decode",
     "environment",
     "options",
 }
@@ -144,6 +145,10 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     assert re.fullmatch(r"(usable|not used): .+", decoding["PyTurboJPEG"])
     resize = decoding["bilinear resize"]
     assert re.fullmatch(r"(nanopatch's C kernels, compiled by .+, kept in .+|torch and Pillow: .+)", resize)
+    crop = decoding["crop-aware decode"]
+    assert re.fullmatch(r"(the box alone, with (libjpeg|libjpeg-turbo 3) .+|the whole image, then cut: .+)", crop)
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") and expected_libturbojpeg():
+        assert crop == "the box alone, with libjpeg (jpeg_crop_scanline, compiled by nanopatch)"
 
     runtime = sections["Runtime environment"]
     assert list(runtime) == list(_info.THREAD_VARIABLES)
@@ -374,6 +379,7 @@ def make_info(**overrides):
         "libturbojpeg": {"library": None, "pyturbojpeg": None, "usable": False, "reason": "PyTurboJPEG is missing"},
         "opencv": {"importable": True, "version": "4.10.0", "num_threads": 3},
         "resize_kernel": {"used": False, "reason": "no C compiler (cc, gcc or clang) on PATH"},
+        "crop_decode": {"used": False, "reason": "no fast JPEG decoder (Pillow decodes)"},
         "environment": {"OMP_NUM_THREADS": "4", "LD_PRELOAD": None},
         "options": {
             "bf16": {"value": False, "source": "auto", "reason": "no native bf16 here"},
@@ -416,6 +422,7 @@ def test_format_table_on_a_hand_made_report():
         "libturbojpeg": "not found",
         "PyTurboJPEG": "not used: PyTurboJPEG is missing",
         "OpenCV": "4.10.0 (3 threads)",
+        "crop-aware decode": "the whole image, then cut: no fast JPEG decoder (Pillow decodes)",
         "bilinear resize": "torch and Pillow: no C compiler (cc, gcc or clang) on PATH",
     }
     assert sections["Runtime environment"] == {"OMP_NUM_THREADS": "4", "LD_PRELOAD": "(unset)"}

@@ -1,20 +1,25 @@
-"""Crop-aware JPEG decoding: ``decode.decode(..., box=...)`` and, on libjpeg-turbo 3, the region
-decoder behind it (``tj3SetCroppingRegion``, one iMCU of margin, the box cut in pixel space).
+"""Crop-aware JPEG decoding: ``decode.decode(..., box=...)`` and the region decoders behind it:
+the compiled libjpeg one (``jpeg_crop_scanline`` and ``jpeg_skip_scanlines``, any libjpeg-turbo
+>= 1.5) and, on libjpeg-turbo 3, TurboJPEG 3's (``tj3SetCroppingRegion``); one iMCU of margin,
+the box cut in pixel space.
 
 * The region decoder's box is the very pixels of the whole decode (at the same DCT scale) cut
   there, bit for bit: random boxes and boxes on every edge and corner, 4:4:4, 4:2:2, 4:2:0,
   4:4:0, 4:1:1 and grayscale, odd, thin and tiny sizes, restart markers, scales 1/1 to 1/8; and
   without the margin it would not be (the test can tell).
 * It declines what it must not take (progressive files, a stray marker in the scan, corrupt
-  entropy data above the box's bottom); ``decode(box=...)`` then cuts the whole decode.
+  entropy data in a box down to the image's bottom); ``decode(box=...)`` then cuts the whole
+  decode.
 * ``decode(box=...)`` does what the whole decode does on every file of the corpus and every
   backend: the same pixels cut, or the same exception.
 * RandomResizedCrop pipelines (v1 and v2, fast decode on and off) over an ImageFolder give the
   same tensors with the region decoder as without it, draw from torch's RNG exactly as stock,
   and stay within the pipeline tolerance of stock.
 
-The region-decoder tests skip where libturbojpeg is 2.x (the default Debian library): tox's
-``turbojpeg2`` env runs them on libjpeg-turbo 3.
+Each region-decoder test runs on each kind. TurboJPEG 3's skip where libturbojpeg is 2.x (the
+default Debian library; tox's ``turbojpeg2`` env runs them on libjpeg-turbo 3); the compiled
+one's skip where it cannot be built (no compiler or no ``jpeglib.h``), except where
+``NANOPATCH_TEST_REQUIRE_NATIVE`` is set (CI).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from PIL import Image
 
 import nanopatch
-from nanopatch.targets.vision import decode
+from nanopatch.targets.vision import _jpeg_region, decode
 
 TJSAMP_440, TJSAMP_411 = 4, 5
 
@@ -110,18 +115,43 @@ def fresh_decoders(monkeypatch):
     yield
 
 
-@pytest.fixture
-def region(fresh_decoders):
-    """(backend, region decoder); skips where the library has no TurboJPEG 3 API."""
+@pytest.fixture(params=["libjpeg", "turbojpeg3"])
+def region(request, fresh_decoders):
+    """(backend, region decoder), for each kind: the compiled libjpeg one (skips where it cannot be
+    built, unless NANOPATCH_TEST_REQUIRE_NATIVE asks for it) and TurboJPEG 3's (skips where
+    libturbojpeg is 2.x, the default Debian library)."""
     backend = decode.jpeg_backend()
-    found = decode.region_decoder()
-    if found is None:
-        if isinstance(backend, decode._TurboJPEG) and _has_turbojpeg3(backend):
-            pytest.fail("libjpeg-turbo 3 is loaded but the region decoder did not load (or failed its self-check)")
-        if backend is None and os.environ.get("NANOPATCH_TEST_REQUIRE_TURBOJPEG"):
+    if backend is None:
+        if os.environ.get("NANOPATCH_TEST_REQUIRE_TURBOJPEG"):
             pytest.fail("PyTurboJPEG with libturbojpeg is required here but did not load")
-        pytest.skip("no libjpeg-turbo 3 here: boxes are cut from whole decodes (tested below)")
-    return backend, found
+        pytest.skip("no fast JPEG backend here")
+    if request.param == "libjpeg":
+        made, why = _jpeg_region.functions()
+        if made is None:
+            if os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):
+                pytest.fail(f"the compiled libjpeg region decoder is required here but did not load: {why}")
+            pytest.skip(f"no compiled libjpeg region decoder here: {why}")
+        return backend, _jpeg_region.CompiledRegion(*made)
+    if not (isinstance(backend, decode._TurboJPEG) and _has_turbojpeg3(backend)):
+        pytest.skip("no libjpeg-turbo 3 here: the TurboJPEG 3 region decoder is not there to test")
+    return backend, decode._RegionDecoder(decode._turbojpeg_lib_path(backend))
+
+
+def test_the_region_decoder_in_use_is_checked_and_preferred(fresh_decoders):
+    """The compiled libjpeg decoder comes first where it loads (it stops at the box's bottom),
+    then TurboJPEG 3's; --info names the one in use or says why there is none."""
+    found = decode.region_decoder()
+    report = decode.region_report()
+    assert report["used"] is (found is not None)
+    made, why = _jpeg_region.functions()
+    if made is not None:
+        assert isinstance(found, _jpeg_region.CompiledRegion)
+        assert report["reason"] == found.name
+    elif os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):
+        pytest.fail(f"the compiled libjpeg region decoder is required here but did not load: {why}")
+    else:
+        assert found is None or isinstance(found, decode._RegionDecoder)
+        assert found is not None or why in report["reason"]
 
 
 def _cut(arr, box):
@@ -160,7 +190,8 @@ def test_without_the_margin_the_edges_would_differ(region, monkeypatch):
         y0, x0 = top // mcu[0] * mcu[0], left // mcu[1] * mcu[1]
         return y0, x0, top + height - y0, left + width - x0
 
-    monkeypatch.setattr(decode, "padded_region", tight)
+    monkeypatch.setattr(decode, "padded_region", tight)  # TurboJPEG 3's
+    monkeypatch.setattr(found, "margin", 0, raising=False)  # the compiled one's
     data = _pillow_jpeg(_photo(120, 160, 5), quality=90, subsampling=2)
     whole = backend.decode(data, 1, False)
     rng = np.random.default_rng(8)
@@ -212,6 +243,95 @@ def test_the_decoder_follows_its_variable_when_it_changes(fresh_decoders, monkey
 def test_switch_turns_the_region_decoder_off(fresh_decoders, monkeypatch):
     monkeypatch.setenv(decode.CROP_DECODE_VARIABLE, "0")
     assert decode.region_decoder() is None
+
+
+def _reloaded_region(monkeypatch):
+    """A process state where the region decoder was never chosen (the libjpeg one never built)."""
+    monkeypatch.setattr(_jpeg_region, "_loaded", {})
+    once = decode._Once(decode._load_region_decoder, decode._region._key)
+    monkeypatch.setattr(decode, "_region", once)
+    monkeypatch.setattr("nanopatch.foundation.log._first_time", lambda key, about=None: True)
+
+
+def test_without_the_compiled_decoder_boxes_still_come_out_right(fresh_decoders, monkeypatch, tmp_path, caplog):
+    """Where the libjpeg decoder cannot be had (here: NANOPATCH_NATIVE=0 on an empty cache
+    folder), TurboJPEG 3's is used where it loads, else none; --info says why; boxes are the
+    whole decode cut either way."""
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NANOPATCH_NATIVE", "0")
+    _reloaded_region(monkeypatch)
+    backend = decode.jpeg_backend()
+    with caplog.at_level("INFO", logger="nanopatch"):
+        found = decode.region_decoder()
+    assert not isinstance(found, _jpeg_region.CompiledRegion)
+    if found is None:
+        assert "libjpeg's: NANOPATCH_NATIVE=0" in decode.region_report()["reason"]
+        assert any("crop-aware JPEG decode unavailable" in r.getMessage() for r in caplog.records)
+    else:
+        assert isinstance(backend, decode._TurboJPEG) and _has_turbojpeg3(backend)
+    assert not list(tmp_path.glob("kernels/*.so"))
+    data = _pillow_jpeg(_photo(117, 161, 4), quality=85, subsampling=2)
+    whole = decode.decode(data)
+    assert np.array_equal(decode.decode(data, box=(10, 20, 50, 70)), _cut(whole, (10, 20, 50, 70)))
+
+
+def test_a_compiler_that_cannot_build_it_leaves_a_reason_and_no_file(monkeypatch, tmp_path):
+    """No jpeglib.h (or any build error): the reason names the compiler's complaint."""
+    from nanopatch.foundation import compiled
+
+    monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NANOPATCH_NATIVE", raising=False)
+    if compiled.compiler() is None:
+        pytest.skip("no C compiler here")
+    lib, why = compiled.compiled("missing-header", "#include <nanopatch_no_such_header.h>\nint x;\n")
+    assert lib is None
+    assert "could not build it" in why and "nanopatch_no_such_header.h" in why
+    assert not [p for p in (tmp_path / "kernels").iterdir() if p.suffix in (".so", ".c")]
+
+
+def test_a_compiled_decoder_that_differs_from_the_whole_decode_is_not_used(fresh_decoders, monkeypatch, caplog):
+    made, why = _jpeg_region.functions()
+    if made is None:
+        pytest.skip(f"no compiled libjpeg region decoder here: {why}")
+    _reloaded_region(monkeypatch)
+    original = _jpeg_region.CompiledRegion.decode
+
+    def off_by_one(self, data, factor, box, gray):
+        got = original(self, data, factor, box, gray)
+        if got is not None:
+            got = got.copy()
+            got[0, 0] ^= 1
+        return got
+
+    monkeypatch.setattr(_jpeg_region.CompiledRegion, "decode", off_by_one)
+    with caplog.at_level("WARNING", logger="nanopatch"):
+        found = decode.region_decoder()
+    assert not isinstance(found, _jpeg_region.CompiledRegion)
+    assert any("does not reproduce the full decode's pixels" in r.getMessage() for r in caplog.records)
+
+
+def test_the_compiled_scan_check_is_the_python_one(small_corpus):
+    """nanopatch_scan_is_clean (what the compiled decoder asks before it stops above the bottom)
+    says what decode.scan_is_clean says: on every JPEG of the corpus, and on stray markers,
+    restart markers, fill bytes and zero padding put into a clean file."""
+    made, why = _jpeg_region.functions()
+    if made is None:
+        pytest.skip(f"no compiled libjpeg region decoder here: {why}")
+    found = _jpeg_region.CompiledRegion(*made)
+    files = [entry.path.read_bytes() for entry in small_corpus.values() if entry.path.exists()]
+    files = [data for data in files if decode.is_jpeg(data)]
+    clean = _pillow_jpeg(_photo(64, 80, 2), quality=90)
+    start = clean.index(b"\xff\xda") + 14
+    for at in (start + 5, len(clean) // 2, len(clean) - 3):
+        for marker in (b"\xff\x01", b"\xff\xd3", b"\xff\xff", b"\xff\x00", b"\xff\xd9", b"\xff\xc4"):
+            files.append(clean[:at] + marker + clean[at + 2 :])
+    files += [clean, clean + b"\0\0\0", clean[:-2], clean[:40], b"\xff\xd8\xff"]
+    outcomes = set()
+    for data in files:
+        want = decode.scan_is_clean(data)
+        assert found.scan_is_clean(data) is want, data[:16]
+        outcomes.add(want)
+    assert outcomes == {True, False}
 
 
 # --- decode(box=...) on every backend ---------------------------------------------------------
@@ -326,14 +446,17 @@ def test_pipelines_are_the_same_with_and_without_crop_decode(folder, version, fa
     with nanopatch.unpatched():
         stock = _samples(folder, version, 7)
     regions = []
-    original = decode._RegionDecoder.decode
 
-    def counted(self, data, factor, box, gray):
-        got = original(self, data, factor, box, gray)
-        regions.append(got is not None)
-        return got
+    def counting(original):
+        def counted(self, data, factor, box, gray):
+            got = original(self, data, factor, box, gray)
+            regions.append(got is not None)
+            return got
 
-    monkeypatch.setattr(decode._RegionDecoder, "decode", counted)
+        return counted
+
+    for kind in (decode._RegionDecoder, _jpeg_region.CompiledRegion):
+        monkeypatch.setattr(kind, "decode", counting(kind.decode))
     outputs = {}
     for switch in ("1", "0"):
         monkeypatch.setenv(decode.CROP_DECODE_VARIABLE, switch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -137,7 +138,7 @@ def test_turned_off_by_the_variable(fresh, monkeypatch, caplog):
 
 def test_no_compiler_falls_back(fresh, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(_native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     assert _native.kernel() is None
     assert _native.why_not() == "no C compiler (cc, gcc or clang) on PATH"
     assert _native.report() == {"used": False, "reason": "no C compiler (cc, gcc or clang) on PATH"}

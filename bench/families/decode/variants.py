@@ -117,6 +117,7 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
         CROP: crop,
     }
     flag_name = "IMREAD_COLOR_RGB" if rgb_flag is not None else "IMREAD_COLOR (BGR: no IMREAD_COLOR_RGB here)"
+    region = np_decode.region_report()
     calls = {
         STOCK: f"{where(stock_loader)} (torchvision's, saved by nanopatch at patch time)",
         "nanopatch loader": f"torchvision.datasets.folder.pil_loader = {where(fast_loader)}",
@@ -126,7 +127,7 @@ def variants() -> tuple[dict[str, Callable[[Path], Any]], dict[str, str]]:
         "nanopatch DCT-scaled (min 224)": f"{where(np_decode.decode)}(path, min_size={MIN_SIZE})",
         "Pillow draft (min 224)": "Image.open(f); img.draft('RGB', (w // k, h // k)); img.convert('RGB')",
         CROP: f"{where(np_decode.decode)}(path, box=RandomResizedCrop box): "
-        + ("libjpeg-turbo 3 region decode" if np_decode.region_decoder() is not None else "whole decode, box cut"),
+        + (f"region decode ({region['reason']})" if region["used"] else "whole decode, box cut"),
     }
     return funcs, calls
 

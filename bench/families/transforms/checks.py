@@ -53,14 +53,14 @@ class PatchStates:
 
 
 def crop_decode_state() -> str:
-    """Whether RandomResizedCrop decodes only its box here (libjpeg-turbo 3), and why not."""
+    """Whether RandomResizedCrop decodes only its box here (and with what), and why not."""
     from nanopatch.targets.vision import decode as np_decode
 
     if os.environ.get(np_decode.CROP_DECODE_VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
         return f"off ({np_decode.CROP_DECODE_VARIABLE}=0): whole decode, box cut"
     if np_decode.region_decoder() is not None:
-        return "on: libjpeg-turbo 3 region decode (tj3SetCroppingRegion, one-iMCU margin)"
-    return "unavailable (libturbojpeg has no TurboJPEG 3 API, or another backend): whole decode, box cut"
+        return f"on: region decode with {np_decode.region_report()['reason']}, one-iMCU margin"
+    return f"unavailable ({np_decode.region_report()['reason']}): whole decode, box cut"
 
 
 def resize_kernel_state() -> str:

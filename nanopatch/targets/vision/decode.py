@@ -16,19 +16,23 @@ stock torchvision raises, and an unusual one gets exactly stock's pixels.
 1/4, 1/8) whose result is still at least that size. That is what transforms use to fuse
 decoding with the first resize or crop.
 
-``box=(top, left, height, width)`` asks for one box of the image only (a crop). With
-libjpeg-turbo 3 (the TurboJPEG 3 API, ``tj3SetCroppingRegion``) only the rows down to the box's
-bottom are entropy-decoded and only its columns inverse-transformed, upsampled and converted.
-libjpeg-turbo treats the edges of such a partial decode as image edges (it replicates the
-chroma samples there instead of interpolating with the neighbours), so the region decoded is
-the box widened by one iMCU on every side that is not the image's own edge, and the box is cut
-from it in pixel space: every pixel of the box is then computed from exactly the samples a full
-decode uses, and equals the same pixel of a full decode (at the same DCT scale) bit for bit.
+``box=(top, left, height, width)`` asks for one box of the image only (a crop), decoded alone
+where a region decoder loads: the one :mod:`._jpeg_region` compiles against the system's libjpeg
+(``jpeg_crop_scanline``/``jpeg_skip_scanlines``, libjpeg-turbo >= 1.5; it reads the file only
+down to the box's bottom), else libjpeg-turbo 3's TurboJPEG 3 API (``tj3SetCroppingRegion``, on
+the library PyTurboJPEG loaded; it entropy-decodes the rest of the file to skip it). Either way
+only the box's columns are inverse-transformed, upsampled and converted. libjpeg-turbo treats the
+edges of such a partial decode as image edges (it replicates the chroma samples there instead of
+interpolating with the neighbours), so the region decoded is the box widened by one iMCU on every
+side that is not the image's own edge, and the box is cut from it in pixel space: every pixel of
+the box is then computed from exactly the samples a full decode uses, and equals the same pixel
+of a full decode (at the same DCT scale) bit for bit.
 Progressive JPEGs (read whole before any output anyway, and their block smoothing reaches
 further than one iMCU when scans are missing), files with markers inside the scan data (which
-libjpeg might fail on below the box, where a region decode never looks), libjpeg-turbo 2.x (no
-region decode in its TurboJPEG API; its lossless crop costs more than it saves) and OpenCV
-decode the whole image and cut the box from it: the same pixels.
+libjpeg might fail on below the box, where a region decode never looks), and every file where
+no region decoder loads (no compiler or no ``jpeglib.h``, and a libturbojpeg 2.x, whose
+TurboJPEG API has only a lossless crop that costs more than it saves) decode the whole image and
+cut the box from it: the same pixels.
 The region decoder proves itself against full decodes on first use, and is dropped (logged
 once) if it cannot; ``NANOPATCH_CROP_DECODE=0`` turns it off.
 """
@@ -442,6 +446,8 @@ class _RegionDecoder:
         self._decompress = bind("tj3Decompress8", [handle, buf, size, buf, ctypes.c_int, ctypes.c_int])
         self._local = threading.local()  # a TurboJPEG handle is for one thread at a time
 
+    name = "libjpeg-turbo 3 (tj3SetCroppingRegion)"
+
     def _handle(self) -> int:
         owner = getattr(self._local, "owner", None)
         if owner is None:
@@ -578,39 +584,74 @@ def _region_matches_full(region: _RegionDecoder, backend: _Backend) -> bool:
     return took > 0
 
 
-def _load_region_decoder() -> _RegionDecoder | None:
+def _region_candidates(backend: _Backend) -> tuple[list[Any], list[str]]:
+    """The region decoders that load here, preferred first, and why the others do not: the
+    compiled libjpeg one (any libjpeg-turbo >= 1.5; it stops at the box's bottom), then
+    TurboJPEG 3's (on the library PyTurboJPEG loaded)."""
+    from ._jpeg_region import CompiledRegion, functions
+
+    found: list[Any] = []
+    why: list[str] = []
+    made, reason = functions()
+    if made is not None:
+        found.append(CompiledRegion(*made))
+    else:
+        why.append(f"libjpeg's: {reason}")
+    if isinstance(backend, _TurboJPEG):
+        try:
+            path = _turbojpeg_lib_path(backend)
+            if path:
+                found.append(_RegionDecoder(path))
+        except Exception as exc:
+            why.append(f"TurboJPEG 3's: {type(exc).__name__}: {exc}")
+    return found, why
+
+
+def _load_region_decoder() -> Any:
+    global _region_why
     raw = os.environ.get(CROP_DECODE_VARIABLE, "").strip().lower()
     if raw in ("0", "false", "no", "off"):
+        _region_why = f"{CROP_DECODE_VARIABLE}=0"
         return None
     backend = jpeg_backend()
-    if not isinstance(backend, _TurboJPEG):
+    if backend is None:
+        _region_why = "no fast JPEG decoder (Pillow decodes)"
         return None
-    try:
-        path = _turbojpeg_lib_path(backend)
-        region = _RegionDecoder(path) if path else None
-    except Exception as exc:
-        log_once("decoder-region", "crop-aware JPEG decode unavailable (%s: %s)", type(exc).__name__, exc)
-        return None
-    if region is None:
-        return None
-    if not _region_matches_full(region, backend):
+    found, why = _region_candidates(backend)
+    for region in found:
+        if _region_matches_full(region, backend):
+            log_once("decoder-region", "crop-aware JPEG decode with %s", region.name)
+            _region_why = region.name
+            return region
         log_once(
-            "decoder-region-mismatch",
-            "crop-aware JPEG decode does not reproduce the full decode's pixels with this libjpeg-turbo; not used",
+            f"decoder-region-mismatch-{type(region).__name__}",
+            "crop-aware JPEG decode with %s does not reproduce the full decode's pixels here; not used",
+            region.name,
             level=logging.WARNING,
         )
-        return None
-    log_once("decoder-region", "crop-aware JPEG decode with libjpeg-turbo 3 (tj3SetCroppingRegion)")
-    return region
+        why.append(f"{region.name} does not reproduce the full decode's pixels")
+    _region_why = "; ".join(why) or "no region decoder"
+    log_once("decoder-region", "crop-aware JPEG decode unavailable (%s)", _region_why)
+    return None
+
+
+#: what :func:`region_report` says: the region decoder in use, or why there is none
+_region_why = "not asked yet"
 
 
 # None: boxes are cut from whole decodes
 _region = _Once(_load_region_decoder, lambda: (os.environ.get(DECODER_VARIABLE), os.environ.get(CROP_DECODE_VARIABLE)))
 
 
-def region_decoder() -> _RegionDecoder | None:
+def region_decoder() -> Any:
     """The crop-aware decoder in use in this process (None: boxes are cut from full decodes)."""
     return _region.get()
+
+
+def region_report() -> dict[str, Any]:
+    """For ``--info``: whether boxes are decoded alone, with what, or why not."""
+    found = region_decoder()
+    return {"used": found is not None, "reason": found.name if found is not None else _region_why}
 
 
 def scaled_box(box: Box, full_size: tuple[int, int], scaled_size: tuple[int, int]) -> Box:

@@ -14,12 +14,12 @@ integer sums, rounding and clipping. Same arithmetic, so the very bytes Pillow g
   (AVX2 where the CPU has it): as fast as torch's 16-bit kernel or faster for lines of up to
   1024 RGB pixels shrunk at most 4x (``_geometry._columns_pay``), which ``_geometry`` then uses for wider ones.
 
-nanopatch compiles it with this machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``;
-``-mavx2`` where the CPU has AVX2) once, into the cache folder (``kernels/`` under
-``NANOPATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/nanopatch``, else ``~/.cache/nanopatch``; the
-file name is a hash of the source and the flags), and loads it with ctypes in each process on
-first use (forked DataLoader workers inherit it). Before the first use in a process each pass
-is checked against Pillow on noise images; a pass that differs is never used.
+nanopatch compiles it (:mod:`nanopatch.foundation.compiled`) with this machine's C compiler
+(``$CC``, else ``cc``, ``gcc`` or ``clang``; ``-mavx2`` where the CPU has AVX2) once, into the
+cache folder (``kernels/`` under ``NANOPATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/nanopatch``,
+else ``~/.cache/nanopatch``; the file name is a hash of the source and the flags), and loads
+it with ctypes in each process on first use (forked DataLoader workers inherit it). Before the
+first use in a process each pass is checked against Pillow on noise images; a pass that differs is never used.
 
 Where there is no compiler, the build fails or the check does not pass, resizes run as before
 (torch's first pass, Pillow's second; said once in the log, at INFO), and ``--info`` says why.
@@ -29,24 +29,20 @@ Where there is no compiler, the build fails or the check does not pass, resizes 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import math
-import os
-import platform
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nanopatch.foundation import compiled as _compiled
 from nanopatch.foundation.log import log_once
 
 logger = logging.getLogger("nanopatch")
 
-VARIABLE = "NANOPATCH_NATIVE"
+VARIABLE = _compiled.VARIABLE
 
 SOURCE = r"""
 #include <stdint.h>
@@ -240,100 +236,27 @@ int nanopatch_bilinear_columns(const uint8_t *src, int64_t src_stride, int h, in
 }
 """
 
-_lock = threading.Lock()
-_loaded: dict[str, Any] = {}  # "fn": the loaded function, or None where it is not used
-_why_not: str | None = None
-
-
-def _compiler() -> str | None:
-    given = os.environ.get("CC")
-    if given:
-        return shutil.which(given.split()[0]) and given
-    for name in ("cc", "gcc", "clang"):
-        if shutil.which(name):
-            return name
-    return None
-
-
-def _flags() -> list[str]:
-    from nanopatch.foundation import cpu
-
-    flags = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
-    try:
-        avx2 = "avx2" in cpu.host_facts().flags
-    except Exception:
-        avx2 = False
-    if avx2:
-        flags.append("-mavx2")
-    return flags
+_compiler = _compiled.compiler
+_flags = _compiled.flags
 
 
 def library_path(compiler: str, flags: list[str]) -> Path:
-    """Where the kernel built by ``compiler`` with ``flags`` is kept."""
-    from nanopatch.foundation.records import cache_dir
-
-    key = hashlib.sha256("\0".join([SOURCE, compiler, *flags, platform.machine()]).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"resample-{key}.so"
+    """Where the resize kernels built by ``compiler`` with ``flags`` are kept."""
+    return _compiled.library_path(compiler, flags, "resample", SOURCE)
 
 
-def _build(compiler: str, flags: list[str], path: Path) -> None:
-    """Compile :data:`SOURCE` into ``path`` (written beside it, then renamed into place, so that
-    processes building at once never load a half-written file). Raises OSError or
-    CalledProcessError/TimeoutExpired."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    source = path.with_name(f".{path.stem}.{os.getpid()}.c")
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.so")
-    try:
-        source.write_text(SOURCE)
-        subprocess.run(
-            [*compiler.split(), *flags, "-o", str(temporary), str(source)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        os.replace(temporary, path)
-    finally:
-        for leftover in (source, temporary):
-            try:
-                leftover.unlink()
-            except OSError:
-                pass
-
-
-def _open(compiler: str, flags: list[str], path: Path) -> ctypes.CDLL:
-    """The library at ``path``, built there first where it is missing or does not load (a file
-    damaged since it was built is built again)."""
-    if path.exists():
-        try:
-            return ctypes.CDLL(str(path))
-        except OSError:
-            pass
-    _build(compiler, flags, path)
-    return ctypes.CDLL(str(path))
+_lock = threading.Lock()
+_loaded: dict[str, Any] = {}  # "fn": the loaded function, or None where it is not used
+_why_not: str | None = None
 
 
 def _load() -> Any:
     """The compiled ``nanopatch_bilinear_rows``, built first where needed; None (with the reason
     in ``_why_not``) where it cannot be had or is off."""
     global _why_not
-    if os.environ.get(VARIABLE, "").strip().lower() in ("0", "false", "no", "off"):
-        _why_not = f"{VARIABLE}=0"
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        _why_not = "no C compiler (cc, gcc or clang) on PATH"
-        return None
-    flags = _flags()
-    path = None
-    try:
-        path = library_path(compiler, flags)
-        lib = _open(compiler, flags, path)
-    except subprocess.CalledProcessError as exc:
-        _why_not = f"{compiler} could not build it: {(exc.stderr or '').strip()[-300:] or exc}"
-        return None
-    except Exception as exc:  # no cache folder, a read-only or noexec one, a timeout: not used
-        _why_not = f"could not build or load {path or 'the kernel'}: {exc}"
+    lib, reason = _compiled.compiled("resample", SOURCE)
+    if lib is None:
+        _why_not = reason
         return None
     fn = lib.nanopatch_bilinear_rows
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -343,6 +266,7 @@ def _load() -> Any:
     columns_fn.argtypes = [p, i64, i32, i32, i32, f32, f32, i32, i32, p, i64, p, p, p, p]
     columns_fn.restype = ctypes.c_int
     _loaded["columns"] = columns_fn
+    _loaded["where"] = reason
     _why_not = None
     return fn
 
@@ -378,8 +302,7 @@ def report() -> dict[str, Any]:
     fn = kernel()
     if fn is None:
         return {"used": False, "reason": _why_not}
-    compiler = _compiler() or "?"
-    return {"used": True, "reason": f"compiled by {compiler}, kept in {library_path(compiler, _flags())}"}
+    return {"used": True, "reason": _loaded.get("where", "compiled")}
 
 
 def _ksize(in0: float, in1: float, out_h: int) -> int:
