@@ -474,3 +474,63 @@ def test_pipelines_are_the_same_with_and_without_crop_decode(folder, version, fa
         if not fast_decode:  # full-resolution pixels: stock's within one grey level
             grey = np.abs(with_crop - want) * std * 255
             assert grey.max() <= 1 + 1e-3 and grey.mean() <= 0.5
+
+
+WORKER_SCRIPT = """
+import functools, os, sys, torch, torchvision, nanopatch
+import torchvision.transforms as T
+from nanopatch.targets.vision import _jpeg_region, decode
+nanopatch.patch_torch(training=False)
+
+# A target transform: whether the worker that loads the sample had the compiled region decoder.
+class Probe:
+    def __call__(self, label):
+        return torch.tensor([isinstance(decode.region_decoder(), _jpeg_region.CompiledRegion)])
+
+def crop_decode(switch, worker_id):  # in the worker: a forkserver's workers get its own environment
+    os.environ["NANOPATCH_CROP_DECODE"] = switch
+
+def batches(root, method, switch):
+    pipeline = T.Compose([T.RandomResizedCrop(48), T.ToTensor()])
+    ds = torchvision.datasets.ImageFolder(root, transform=pipeline, target_transform=Probe())
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=3, num_workers=2, multiprocessing_context=method,
+        generator=torch.Generator().manual_seed(5), worker_init_fn=functools.partial(crop_decode, switch),
+    )
+    got = list(loader)
+    return torch.cat([images for images, _ in got]), torch.cat([probe for _, probe in got])
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    for method in ("fork", "spawn", "forkserver"):
+        _jpeg_region._loaded.clear()  # never loaded here: each worker loads (or builds) it itself
+        whole, probe_off = batches(root, method, "0")
+        boxes, probe_on = batches(root, method, "1")
+        assert torch.equal(boxes, whole), method
+        assert probe_on.all() and not probe_off.any(), method
+        print(method, "ok")
+"""
+
+
+@pytest.mark.py_only  # worker processes of each start method
+def test_dataloader_workers_build_and_use_the_compiled_decoder(tmp_path):
+    """DataLoader workers of every start method, from an empty cache folder (the first two build
+    it at once), decode RandomResizedCrop's boxes with the compiled decoder: the same tensors as
+    whole decodes cut, under the same seeds."""
+    made, why = _jpeg_region.functions()
+    if made is None and not os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):
+        pytest.skip(f"no compiled libjpeg region decoder here: {why}")
+    from conftest import child_env, run_python
+
+    for cls in ("a", "b"):
+        (tmp_path / "images" / cls).mkdir(parents=True)
+        for i in range(3):
+            pixels = _photo(90 + 17 * i, 120 - 9 * i, i + (cls == "b") * 3)
+            (tmp_path / "images" / cls / f"{i}.jpg").write_bytes(_pillow_jpeg(pixels, quality=85, subsampling=2))
+    script = tmp_path / "workers.py"
+    script.write_text(WORKER_SCRIPT)
+    env = child_env(NANOPATCH_CACHE_DIR=str(tmp_path / "cache"))
+    proc = run_python([str(script), str(tmp_path / "images")], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
+    assert len(list((tmp_path / "cache" / "kernels").glob("jpeg-region-*.so"))) == 1
