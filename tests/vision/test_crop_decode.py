@@ -37,6 +37,8 @@ from PIL import Image
 import nanopatch
 from nanopatch.targets.vision import _jpeg_region, decode
 
+from helpers.kernel_workers import run_in_workers
+
 TJSAMP_440, TJSAMP_411 = 4, 5
 
 
@@ -520,17 +522,9 @@ def test_dataloader_workers_build_and_use_the_compiled_decoder(tmp_path):
     made, why = _jpeg_region.functions()
     if made is None and not os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):
         pytest.skip(f"no compiled libjpeg region decoder here: {why}")
-    from conftest import child_env, run_python
-
     for cls in ("a", "b"):
         (tmp_path / "images" / cls).mkdir(parents=True)
         for i in range(3):
             pixels = _photo(90 + 17 * i, 120 - 9 * i, i + (cls == "b") * 3)
             (tmp_path / "images" / cls / f"{i}.jpg").write_bytes(_pillow_jpeg(pixels, quality=85, subsampling=2))
-    script = tmp_path / "workers.py"
-    script.write_text(WORKER_SCRIPT)
-    env = child_env(NANOPATCH_CACHE_DIR=str(tmp_path / "cache"))
-    proc = run_python([str(script), str(tmp_path / "images")], env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
-    assert len(list((tmp_path / "cache" / "kernels").glob("jpeg-region-*.so"))) == 1
+    run_in_workers(tmp_path, WORKER_SCRIPT, tmp_path / "images", "jpeg-region-*.so")

@@ -17,6 +17,8 @@ from PIL import Image
 from nanopatch.targets.vision import _geometry
 from nanopatch.targets.vision import native as _native
 
+from helpers.kernel_workers import run_in_workers
+
 REQUIRED = os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") == "1"
 
 
@@ -204,21 +206,13 @@ def test_dataloader_workers_build_and_use_it(tmp_path):
     two build it at once), resize on the kernel, with stock's very tensors."""
     if _native._compiler() is None and not REQUIRED:
         pytest.skip("no C compiler here")
-    from conftest import child_env, run_python
-
     rng = np.random.default_rng(8)
     for cls in ("a", "b"):
         (tmp_path / "images" / cls).mkdir(parents=True)
         for i in range(3):
             noise = rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3), dtype=np.uint8)
             Image.fromarray(noise).save(tmp_path / "images" / cls / f"{i}.jpg", quality=90)
-    script = tmp_path / "workers.py"
-    script.write_text(WORKER_SCRIPT)
-    env = child_env(NANOPATCH_CACHE_DIR=str(tmp_path / "cache"))
-    proc = run_python([str(script), str(tmp_path / "images")], env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
-    assert len(list((tmp_path / "cache" / "kernels").glob("resample-*.so"))) == 1
+    run_in_workers(tmp_path, WORKER_SCRIPT, tmp_path / "images", "resample-*.so")
 
 
 def test_resizes_are_pillows_pixels_where_both_passes_are_compiled(fn):
