@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import _chw
 from ._opencv import cv2
 
 PIL_MODES = ("L", "RGB")
@@ -82,6 +83,8 @@ def lookup(arr: np.ndarray, table: np.ndarray, *, channels_last: bool = False):
         return torch.from_numpy(out[:, :, None] if out.ndim == 2 else out).permute(2, 0, 1)
     out = torch.empty((channels, in_h, in_w), dtype=torch.float32)
     planes = out.numpy()
+    if _chw.lookup_into(arr, table, planes):  # one compiled pass, where it was built
+        return out
     if channels == 1:
         cv2().LUT(contiguous(arr[:, :, 0]), table[0], dst=planes[0])
     else:  # one LUT per plane, written straight into the CHW planes

@@ -30,6 +30,7 @@ import functools
 import numpy as np
 import torch
 
+from . import _chw
 from ._opencv import cv2
 
 #: v2's float -> uint8 scale (``to_dtype_image``: 255 + 1 - eps, eps = 1e-3, then truncation)
@@ -88,6 +89,8 @@ def lookup(image: torch.Tensor, table: np.ndarray, out: torch.Tensor) -> bool:
         hwc = np.ascontiguousarray(table.T).reshape(1, 256, 3)
         cv2().LUT(image.permute(1, 2, 0).numpy(), hwc, dst=out.permute(1, 2, 0).numpy())
     elif out.is_contiguous():
+        if not planar_rows(image) and _chw.lookup_into(image.permute(1, 2, 0).numpy(), table, out.numpy()):
+            return True  # interleaved pixels to planes in one compiled pass
         planes = image.numpy() if planar_rows(image) else cv2().split(image.permute(1, 2, 0).numpy())
         out_planes = out.numpy()
         for c in range(3):
