@@ -196,7 +196,9 @@ def _tolerance(stock: list[Any], patched: list[Any], percent: bool) -> tuple[flo
 IMAGE_PARTS = {
     "decode-turbojpeg": "JPEG decoding by libjpeg-turbo through PyTurboJPEG",
     "decode-opencv": "JPEG decoding by OpenCV's libjpeg-turbo",
+    "decode-region": "only the crop's box of each JPEG decoded",
     "transforms": "torchvision's transforms on OpenCV and numpy",
+    "resize-kernel": "bilinear resizes on nanopatch's compiled copies of Pillow's loops",
 }
 
 

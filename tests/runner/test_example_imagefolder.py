@@ -173,6 +173,10 @@ def test_compare_shows_the_patched_run_accelerated_and_learning_as_stock(first_r
     accelerated = closing[closing.index("  accelerated:") : closing.index("  not accelerated:")]
     assert "- ResNet: computed in " in accelerated and "channels-last" in accelerated, closing
     assert "- images: JPEG decoding by " in accelerated and "torchvision's transforms" in accelerated, closing
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):  # CI: the compiled kernels are there, and said
+        said = " ".join(accelerated.split())  # the summary wraps its lines
+        assert "only the crop's box of each JPEG decoded" in said, closing
+        assert "bilinear resizes on nanopatch's compiled copies of Pillow's loops" in said, closing
     not_accelerated = closing[closing.index("  not accelerated:") : closing.index("  next:")]
     if not cpu.host_facts().native_bf16:
         assert "bf16 autocast: this CPU has no native bf16" in not_accelerated, closing

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nanopatch.foundation import usage
+
 from . import native as _native
 from ._opencv import cv2
 from ._pillow import ROWS_CHECKS
@@ -274,14 +276,20 @@ def _compiled_columns(arr: np.ndarray, out_w: int, span: tuple[float, float] | N
     """The horizontal pass of the (H, W, C) ``arr`` on the compiled kernel, where it is used and
     pays (:func:`_columns_pay`): (H, out_w, C); else None."""
     fn = _native.columns_kernel() if _columns_pay(arr.shape[1], out_w, arr.shape[2]) else None
-    return None if fn is None else _native.columns(fn, arr, out_w, span)
+    out = None if fn is None else _native.columns(fn, arr, out_w, span)
+    if out is not None:
+        usage.record("resize-kernel")
+    return out
 
 
 def _compiled_rows(arr: np.ndarray, out_h: int, span: tuple[float, float] | None) -> np.ndarray | None:
     """The vertical pass of the bytes of ``arr`` on the compiled kernel, where it is used:
     (out_h, row bytes); else None."""
     fn = _native.kernel()
-    return None if fn is None else _native.rows(fn, arr, out_h, span)
+    out = None if fn is None else _native.rows(fn, arr, out_h, span)
+    if out is not None:
+        usage.record("resize-kernel")
+    return out
 
 
 def _first_columns(arr: np.ndarray, out_w: int, slot: str | None) -> np.ndarray:

@@ -721,6 +721,8 @@ def decode_fast(
         region = region_decoder()
         if region is not None:
             array = region.decode(data, factor, box, gray)
+            if array is not None:
+                usage.record("decode-region")
     if array is None:
         array = backend.decode(data, factor, gray)
         if array is not None and box is not None:
