@@ -199,6 +199,7 @@ IMAGE_PARTS = {
     "decode-region": "only the crop's box of each JPEG decoded",
     "transforms": "torchvision's transforms on OpenCV and numpy",
     "resize-kernel": "bilinear resizes on nanopatch's compiled copies of Pillow's loops",
+    "jitter-kernel": "ColorJitter's saturation and hue in one compiled pass each",
 }
 
 

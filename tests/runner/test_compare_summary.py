@@ -336,6 +336,8 @@ def _record_in_child(part: str) -> None:
 def test_usage_marks_reach_the_parent_from_any_process(tmp_path, monkeypatch, method):
     """A DataLoader worker's decode is marked where ``--compare`` reads it, whether the worker
     was forked or spawned; a process without the variable marks nothing anywhere."""
+    # (a forked child inherits the marks this process made: none, as in a fresh run's parent)
+    monkeypatch.setattr(usage, "_marked", set())
     monkeypatch.setenv(usage.VARIABLE, str(tmp_path))
     child = multiprocessing.get_context(method).Process(target=_record_in_child, args=("transforms",))
     child.start()

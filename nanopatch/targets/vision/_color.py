@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _jitter
 from ._opencv import cv2
 from ._pixels import checked
 
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 _F32 = np.float32
+_F32_MAX = float(np.finfo(np.float32).max)
 _F64 = np.float64
 _LEVELS_F32 = np.arange(256, dtype=_F32)
 #: "L" from RGB, scaled by 2**-16 (exact in float32) with the rounding constant as the offset.
@@ -83,8 +85,11 @@ def _real(value: object, what: str) -> float:
 def _alpha(factor: object) -> np.float32:
     """The enhance factor as the C float Pillow's blend uses; NaN and infinity (and doubles that
     overflow a float) make Pillow cast NaN to an integer, which C leaves undefined."""
+    value = _real(factor, "factor")
+    if -_F32_MAX <= value <= _F32_MAX:  # the common case: no overflow, no NaN (errstate is slow)
+        return _F32(value)
     with np.errstate(over="ignore"):
-        alpha = _F32(_real(factor, "factor"))
+        alpha = _F32(value)
     if not np.isfinite(alpha):
         raise NotImplementedError(f"non-finite factor {factor!r}")
     return alpha
@@ -138,18 +143,35 @@ def _as_float(arr: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
     return _lut(arr, lut.astype(_F32))
 
 
+def _kernels() -> _jitter.Kernels | None:
+    """The compiled passes of :mod:`._jitter`, or None (then numpy and OpenCV compute)."""
+    return _jitter.kernels()
+
+
 def _luma_sum(arr: np.ndarray, lut: np.ndarray | None = None) -> int:
     """The sum of the "L" image of ``arr`` (through ``lut`` when given)."""
+    kernels = _kernels() if arr.shape[2] == 3 else None
+    if kernels is not None:
+        return kernels.luma_sum(arr, lut)
+    return _luma_sum_numpy(arr, lut)
+
+
+def _luma_sum_numpy(arr: np.ndarray, lut: np.ndarray | None = None) -> int:
     if arr.shape[2] == 1:
         image = arr if lut is None else _lut(arr, lut)
         return round(cv2().sumElems(image)[0])
     return round(cv2().sumElems(_luma(_as_float(arr, lut)))[0])
 
 
-def _contrast_table(arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = None) -> np.ndarray:
+def _contrast_table(
+    arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = None, total: int | None = None
+) -> np.ndarray:
+    """The contrast table for ``arr`` (through ``lut``), whose "L" sums to ``total`` when known."""
     count = arr.shape[0] * arr.shape[1]
+    if total is None:
+        total = _luma_sum(arr, lut)
     # ImageStat's mean is sum / count in double precision; ImageEnhance rounds it with int(+0.5).
-    mean = int(_luma_sum(arr, lut) / count + 0.5)
+    mean = int(total / count + 0.5)
     return _blend_table(mean, alpha)
 
 
@@ -178,6 +200,13 @@ def adjust_contrast(arr: np.ndarray, contrast_factor: float) -> np.ndarray:
 
 
 def _saturation(arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = None) -> np.ndarray:
+    kernels = _kernels()
+    if kernels is not None:
+        return kernels.saturation(arr, alpha, lut)[0]
+    return _saturation_numpy(arr, alpha, lut)
+
+
+def _saturation_numpy(arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = None) -> np.ndarray:
     f = _as_float(arr, lut)
     grey = _grey_to_rgb(_luma(f))
     if alpha == 0.0:
@@ -322,6 +351,15 @@ def _hsv_to_rgb(hue: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def _hue(arr: np.ndarray, shift: int) -> np.ndarray:
+    kernels = _kernels()
+    if kernels is not None:
+        return kernels.hue(arr, shift, _hue_tables())[0]
+    if max(arr.shape[:2]) >= _REMAP_LIMIT:
+        raise NotImplementedError("image too large for cv2.remap")
+    return _hue_numpy(arr, shift)
+
+
+def _hue_numpy(arr: np.ndarray, shift: int) -> np.ndarray:
     hue, s, v = _hsv(arr)
     hue += np.uint8(shift)  # wraps around, as stock's uint8 addition
     return _hsv_to_rgb(hue, s, v)
@@ -343,8 +381,6 @@ def adjust_hue(arr: np.ndarray, hue_factor: float) -> np.ndarray:
     arr = checked(arr)
     if arr.shape[2] == 1:
         return arr.copy()
-    if max(arr.shape[:2]) >= _REMAP_LIMIT:
-        raise NotImplementedError("image too large for cv2.remap")
     return _hue(arr, shift)
 
 
@@ -479,8 +515,10 @@ def color_jitter(
 
     Brightness and contrast are lookup tables: consecutive ones fold into one table, applied
     once at the end or when saturation or hue needs the pixels. Contrast needs the mean "L" of
-    the image it lands on, which it reads through the pending table (to float32) without
-    applying it; saturation reads its input the same way."""
+    the image it lands on, which it reads through the pending table without applying it;
+    saturation and hue read their input the same way. Where :mod:`._jitter`'s compiled passes
+    load, saturation and hue are one pass each (which also sums "L" for a contrast right after
+    it), else numpy's and OpenCV's calls."""
     arr = checked(arr)
     steps: list[tuple[int, object]] = []
     for fn_id in order:  # compared as ColorJitter.forward compares them (a tensor's items too)
@@ -493,24 +531,35 @@ def color_jitter(
         elif fn_id == 3 and hue is not None:
             steps.append((3, _hue_shift(hue)))
     rgb = arr.shape[2] == 3
-    if rgb and any(fn == 3 for fn, _ in steps) and max(arr.shape[:2]) >= _REMAP_LIMIT:
+    # saturation and hue leave "L" images alone; saturation 1 is the identity
+    steps = [(fn, value) for fn, value in steps if fn < 2 or (rgb and not (fn == 2 and value == 1.0))]
+    kernels = _kernels() if rgb else None
+    if kernels is None and any(fn == 3 for fn, _ in steps) and max(arr.shape[:2]) >= _REMAP_LIMIT:
         raise NotImplementedError("image too large for cv2.remap")
 
     image = arr  # never written to
     pending: np.ndarray | None = None  # lookup table not yet applied to ``image``
-    for fn, value in steps:
+    total: int | None = None  # the "L" sum of ``image`` (when no table is pending), where known
+    for i, (fn, value) in enumerate(steps):
         if fn == 0:
             pending = _compose(pending, _blend_table(0, value))
         elif fn == 1:
-            pending = _compose(pending, _contrast_table(image, value, pending))
-        elif not rgb or (fn == 2 and value == 1.0):
-            continue  # saturation and hue leave "L" images alone; saturation 1 is the identity
+            known = total if pending is None else None
+            pending = _compose(pending, _contrast_table(image, value, pending, known))
+        elif kernels is not None:
+            # one compiled pass through the pending table, summing "L" for a contrast right after
+            want = i + 1 < len(steps) and steps[i + 1][0] == 1
+            if fn == 2:
+                image, total = kernels.saturation(image, value, pending, want)
+            else:
+                image, total = kernels.hue(image, value, _hue_tables(), pending, want)
+            pending, total = None, total if want else None
         elif fn == 2:
-            image, pending = _saturation(image, value, pending), None
+            image, pending = _saturation_numpy(image, value, pending), None
         else:
             if pending is not None:
                 image, pending = _lut(image, pending), None
-            image = _hue(image, value)
+            image = _hue_numpy(image, value)
     if pending is not None:
         return _lut(image, pending)
     return image.copy() if image is arr else image
