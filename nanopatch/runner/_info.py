@@ -126,11 +126,19 @@ def _opencv_report() -> dict[str, Any]:
 def _vision_report(key: str) -> dict[str, Any]:
     """One row's ``{"used", "reason"}`` of the compiled vision code, which the report may build
     and check (``--info`` asked); never fails over one row. ``key``: ``resize_kernel`` (bilinear
-    resizes on nanopatch's kernels) or ``crop_decode`` (RandomResizedCrop's box decoded alone)."""
+    resizes on nanopatch's kernels), ``crop_decode`` (RandomResizedCrop's box decoded alone),
+    ``lookup_kernel`` (ToTensor + Normalize's planes in one pass) or ``jitter_kernel``
+    (ColorJitter's saturation and hue passes)."""
     try:
-        from nanopatch.targets.vision import decode, native
+        from nanopatch.targets.vision import _chw, _jitter, decode, native
 
-        return {"resize_kernel": native.report, "crop_decode": decode.region_report}[key]()
+        reports = {
+            "resize_kernel": native.report,
+            "crop_decode": decode.region_report,
+            "lookup_kernel": _chw.report,
+            "jitter_kernel": _jitter.report,
+        }
+        return reports[key]()
     except Exception as exc:
         return {"used": False, "reason": _error(exc)}
 
@@ -156,6 +164,8 @@ def collect(options: dict[str, Any] | None = None, tuning: dict[str, Any] | None
         "opencv": _opencv_report(),
         "resize_kernel": _vision_report("resize_kernel"),
         "crop_decode": _vision_report("crop_decode"),
+        "lookup_kernel": _vision_report("lookup_kernel"),
+        "jitter_kernel": _vision_report("jitter_kernel"),
         "environment": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "options": current["options"] if current["patched"] else config.resolve(options).as_dict(),
         "targets": current["targets"],
@@ -180,7 +190,12 @@ def format_table(info: dict[str, Any]) -> str:
         ("Packages", [(name, version or "not installed") for name, version in info["packages"].items()]),
         _pytorch_section(info["torch"], info["ipex"], info["torch_support"]),
         _image_decoding_section(
-            info["libturbojpeg"], info["opencv"], info.get("resize_kernel"), info.get("crop_decode")
+            info["libturbojpeg"],
+            info["opencv"],
+            info.get("resize_kernel"),
+            info.get("crop_decode"),
+            info.get("lookup_kernel"),
+            info.get("jitter_kernel"),
         ),
         _environment_section(info["environment"]),
     ]
@@ -240,11 +255,13 @@ def _image_decoding_section(
     opencv: dict[str, Any],
     resize_kernel: dict[str, Any] | None = None,
     crop_decode: dict[str, Any] | None = None,
+    lookup_kernel: dict[str, Any] | None = None,
+    jitter_kernel: dict[str, Any] | None = None,
 ) -> _Section:
     """The JPEG decoders nanopatch can use: libturbojpeg through PyTurboJPEG
     (:func:`libturbojpeg_report`), and OpenCV (:func:`_opencv_report`); what decodes a crop's box
-    alone (:func:`_vision_report`); and what runs the exact pass of bilinear resizes
-    (:func:`_vision_report`)."""
+    alone, what runs the exact pass of bilinear resizes, ToTensor + Normalize's planes and
+    ColorJitter's saturation and hue (each :func:`_vision_report`)."""
     if opencv["importable"]:
         opencv_text = f"{opencv['version']} ({opencv['num_threads']} threads)"
     else:
@@ -254,12 +271,15 @@ def _image_decoding_section(
         ("PyTurboJPEG", ("usable: " if turbojpeg["usable"] else "not used: ") + turbojpeg["reason"]),
         ("OpenCV", opencv_text),
     ]
-    if crop_decode is not None:
-        used = "the box alone, with " if crop_decode["used"] else "the whole image, then cut: "
-        rows.append(("crop-aware decode", used + str(crop_decode["reason"])))
-    if resize_kernel is not None:
-        used = "nanopatch's C kernels, " if resize_kernel["used"] else "torch and Pillow: "
-        rows.append(("bilinear resize", used + str(resize_kernel["reason"])))
+    compiled = (  # (row, its report, the words when used, when not)
+        ("crop-aware decode", crop_decode, "the box alone, with ", "the whole image, then cut: "),
+        ("bilinear resize", resize_kernel, "nanopatch's C kernels, ", "torch and Pillow: "),
+        ("ToTensor + Normalize", lookup_kernel, "nanopatch's C pass, ", "OpenCV: "),
+        ("ColorJitter saturation, hue", jitter_kernel, "nanopatch's C passes, ", "numpy and OpenCV: "),
+    )
+    for name, report, used, unused in compiled:
+        if report is not None:
+            rows.append((name, (used if report["used"] else unused) + str(report["reason"])))
     return ("Image decoding", rows)
 
 

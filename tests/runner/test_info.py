@@ -35,6 +35,8 @@ JSON_KEYS = {
     "opencv",
     "resize_kernel",
     "crop_decode",
+    "lookup_kernel",
+    "jitter_kernel",
     "environment",
     "options",
 }
@@ -149,6 +151,12 @@ def test_info_table_has_every_section_and_the_facts(table_report):
     assert re.fullmatch(r"(the box alone, with (libjpeg|libjpeg-turbo 3) .+|the whole image, then cut: .+)", crop)
     if os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") and expected_libturbojpeg():
         assert crop == "the box alone, with libjpeg (jpeg_crop_scanline, compiled by nanopatch)"
+    lookup = decoding["ToTensor + Normalize"]
+    assert re.fullmatch(r"(nanopatch's C pass, compiled by .+, kept in .+lookup-.+\.so|OpenCV: .+)", lookup)
+    jitter = decoding["ColorJitter saturation, hue"]
+    assert re.fullmatch(r"(nanopatch's C passes, compiled by .+, kept in .+jitter-.+\.so|numpy and OpenCV: .+)", jitter)
+    if os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE"):
+        assert all(row.startswith("nanopatch's C") for row in (resize, lookup, jitter))
 
     runtime = sections["Runtime environment"]
     assert list(runtime) == list(_info.THREAD_VARIABLES)
@@ -380,6 +388,8 @@ def make_info(**overrides):
         "opencv": {"importable": True, "version": "4.10.0", "num_threads": 3},
         "resize_kernel": {"used": False, "reason": "no C compiler (cc, gcc or clang) on PATH"},
         "crop_decode": {"used": False, "reason": "no fast JPEG decoder (Pillow decodes)"},
+        "lookup_kernel": {"used": False, "reason": "NANOPATCH_NATIVE=0"},
+        "jitter_kernel": {"used": True, "reason": "compiled by cc, kept in /c/kernels/jitter-0.so"},
         "environment": {"OMP_NUM_THREADS": "4", "LD_PRELOAD": None},
         "options": {
             "bf16": {"value": False, "source": "auto", "reason": "no native bf16 here"},
@@ -424,6 +434,8 @@ def test_format_table_on_a_hand_made_report():
         "OpenCV": "4.10.0 (3 threads)",
         "crop-aware decode": "the whole image, then cut: no fast JPEG decoder (Pillow decodes)",
         "bilinear resize": "torch and Pillow: no C compiler (cc, gcc or clang) on PATH",
+        "ToTensor + Normalize": "OpenCV: NANOPATCH_NATIVE=0",
+        "ColorJitter saturation, hue": "nanopatch's C passes, compiled by cc, kept in /c/kernels/jitter-0.so",
     }
     assert sections["Runtime environment"] == {"OMP_NUM_THREADS": "4", "LD_PRELOAD": "(unset)"}
     assert section(sections, "Options") == {

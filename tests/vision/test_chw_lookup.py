@@ -82,12 +82,17 @@ def test_to_tensor_normalize_is_the_same_with_and_without_it(kernel, monkeypatch
     torch.testing.assert_close(with_kernel, stock, rtol=0, atol=1e-6)
 
 
-def test_without_a_compiler_it_is_not_used_and_lookups_still_work(monkeypatch, tmp_path):
+def test_without_a_compiler_it_is_not_used_and_lookups_still_work(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(_chw, "_loaded", {})
     monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NANOPATCH_NATIVE", "0")
-    assert _chw.function() is None
+    monkeypatch.setattr("nanopatch.foundation.log._first_time", lambda key, about=None: True)
+    with caplog.at_level("INFO", logger="nanopatch"):
+        assert _chw.function() is None
     assert _chw._loaded["made"][1] == "NANOPATCH_NATIVE=0"
+    assert _chw.report() == {"used": False, "reason": "NANOPATCH_NATIVE=0"}
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["nanopatch: ToTensor and Normalize write their planes with OpenCV's calls: NANOPATCH_NATIVE=0"]
     arr = np.random.default_rng(3).integers(0, 256, (9, 11, 3), dtype=np.uint8)
     table = _pixels._lookup_table(3, None, None)
     out = np.zeros((3, 9, 11), np.float32)

@@ -135,12 +135,19 @@ def test_hue_past_opencvs_remap_limit(kernels, without):
         _color.color_jitter(arr, [3, 1], None, 0.8, None, 0.2)
 
 
-def test_without_a_compiler_they_are_not_used_and_jitter_still_works(monkeypatch, tmp_path):
+def test_without_a_compiler_they_are_not_used_and_jitter_still_works(monkeypatch, tmp_path, caplog):
+    """Where the passes cannot be built: logged once, --info says why, the numpy path computes."""
     monkeypatch.setattr(_jitter, "_loaded", {})
     monkeypatch.setenv("NANOPATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NANOPATCH_NATIVE", "0")
-    assert _jitter.kernels() is None
+    monkeypatch.setattr("nanopatch.foundation.log._first_time", lambda key, about=None: True)
+    with caplog.at_level("INFO", logger="nanopatch"):
+        assert _jitter.kernels() is None
     assert _jitter._loaded["made"][1] == "NANOPATCH_NATIVE=0"
+    assert _jitter.report() == {"used": False, "reason": "NANOPATCH_NATIVE=0"}
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["nanopatch: ColorJitter's saturation and hue run on numpy and OpenCV: NANOPATCH_NATIVE=0"]
+    assert not list(tmp_path.glob("kernels/*.so"))
     arr = _images(8)[7]
     img = Image.fromarray(arr)
     want = np.asarray(F.adjust_hue(F.adjust_saturation(F.adjust_contrast(img, 1.3), 0.6), -0.07))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nanopatch.foundation.compiled import compiled
+from nanopatch.foundation.log import log_once
 
 SOURCE = r"""
 #include <stddef.h>
@@ -80,11 +81,20 @@ def _load() -> tuple[Any, str]:
 
 
 def function() -> Any:
-    """The compiled lookup, or None where it cannot be had (then OpenCV's calls run)."""
+    """The compiled lookup, or None where it cannot be had (then OpenCV's calls run; logged once)."""
     with _lock:
         if "made" not in _loaded:
             _loaded["made"] = _load()
+            if _loaded["made"][0] is None:
+                said = "nanopatch: ToTensor and Normalize write their planes with OpenCV's calls: %s"
+                log_once("native-lookup", said, _loaded["made"][1])
         return _loaded["made"][0]
+
+
+def report() -> dict[str, Any]:
+    """For ``--info``: whether the compiled lookup is used, and where it is kept or why not."""
+    fn = function()
+    return {"used": fn is not None, "reason": _loaded["made"][1]}
 
 
 def lookup_into(arr: np.ndarray, table: np.ndarray, out: np.ndarray) -> bool:

@@ -32,6 +32,7 @@ import numpy as np
 
 from nanopatch.foundation import usage
 from nanopatch.foundation.compiled import compiled
+from nanopatch.foundation.log import log_once
 
 SOURCE = r"""
 #include <stddef.h>
@@ -228,8 +229,18 @@ def _load() -> tuple[Kernels | None, str]:
 
 
 def kernels() -> Kernels | None:
-    """The compiled passes, or None where they cannot be had (then numpy's and OpenCV's run)."""
+    """The compiled passes, or None where they cannot be had (then numpy's and OpenCV's run;
+    logged once)."""
     with _lock:
         if "made" not in _loaded:
             _loaded["made"] = _load()
+            if _loaded["made"][0] is None:
+                said = "nanopatch: ColorJitter's saturation and hue run on numpy and OpenCV: %s"
+                log_once("native-jitter", said, _loaded["made"][1])
         return _loaded["made"][0]
+
+
+def report() -> dict[str, Any]:
+    """For ``--info``: whether the compiled passes are used, and where they are kept or why not."""
+    made = kernels()
+    return {"used": made is not None, "reason": _loaded["made"][1]}
