@@ -1,5 +1,6 @@
 """A script run with DataLoader workers of every start method, from an empty cache folder: what
-the tests of nanopatch's compiled kernels (the resize passes, the region decoder) share."""
+the tests of nanopatch's compiled kernels (the resize passes, the region decoder, ColorJitter's
+passes) share."""
 
 from __future__ import annotations
 
@@ -19,3 +20,18 @@ def run_in_workers(tmp_path: Path, script_text: str, images: Path, kernel_glob: 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["fork", "ok", "spawn", "ok", "forkserver", "ok"]
     assert len(list((tmp_path / "cache" / "kernels").glob(kernel_glob))) == 1
+
+
+def noise_folder(root: Path, seed: int) -> Path:
+    """An ImageFolder at ``root``: classes "a" and "b", three noise JPEGs of 40-89 pixels a side
+    each."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            noise = rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3), dtype=np.uint8)
+            Image.fromarray(noise).save(root / cls / f"{i}.jpg", quality=90)
+    return root

@@ -220,11 +220,11 @@ def test_patched_images_that_no_image_went_through_are_not_called_accelerated():
         _summary.not_accelerated_parts(report, AVX2, set())
     )
     assert _summary.accelerated_parts(report, {"decode-opencv"})[1] == "images: JPEG decoding by OpenCV's libjpeg-turbo"
-    everything = {"decode-turbojpeg", "decode-region", "transforms", "resize-kernel"}
+    everything = {"decode-turbojpeg", "decode-region", "transforms", "resize-kernel", "jitter-kernel"}
     assert _summary.accelerated_parts(report, everything)[1] == (
         "images: JPEG decoding by libjpeg-turbo through PyTurboJPEG, only the crop's box of each JPEG decoded,"
         " torchvision's transforms on OpenCV and numpy, bilinear resizes on nanopatch's compiled copies of"
-        " Pillow's loops"
+        " Pillow's loops, ColorJitter's saturation and hue in one compiled pass each"
     )
 
 

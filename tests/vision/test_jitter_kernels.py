@@ -16,7 +16,10 @@ import torchvision.transforms.functional as F
 from PIL import Image
 
 from nanopatch.foundation import usage
+from nanopatch.foundation.compiled import compiler
 from nanopatch.targets.vision import _color, _jitter
+
+from helpers.kernel_workers import noise_folder, run_in_workers
 
 REQUIRED = os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") == "1"
 
@@ -152,3 +155,41 @@ def test_without_a_compiler_they_are_not_used_and_jitter_still_works(monkeypatch
     img = Image.fromarray(arr)
     want = np.asarray(F.adjust_hue(F.adjust_saturation(F.adjust_contrast(img, 1.3), 0.6), -0.07))
     np.testing.assert_array_equal(_color.color_jitter(arr, [1, 2, 3], None, 1.3, 0.6, -0.07), want)
+
+
+WORKER_SCRIPT = """
+import sys, torch, torchvision, nanopatch
+import torchvision.transforms as T
+from nanopatch.targets.vision import _jitter
+nanopatch.patch_torch()
+
+# A target transform (it runs after the image's): whether this worker's jitter ran on the passes.
+class Probe:
+    def __call__(self, label):
+        return torch.tensor([_jitter._loaded.get("made", (None,))[0] is not None])
+
+def loader(method, target_transform=None):
+    pipeline = T.Compose([T.Resize(37), T.CenterCrop(33), T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ToTensor()])
+    ds = torchvision.datasets.ImageFolder(sys.argv[1], transform=pipeline, target_transform=target_transform)
+    torch.manual_seed(0)  # the workers' seeds, so their jitter draws, as stock's
+    return torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context=method)
+
+if __name__ == "__main__":
+    with nanopatch.unpatched():  # stock's tensors, drawn in forked workers as stock's
+        expected = torch.cat([images for images, _ in loader("fork")])
+    for method in ("fork", "spawn", "forkserver"):
+        _jitter._loaded.clear()  # never loaded here: each worker loads (or builds) them itself
+        batches = list(loader(method, Probe()))
+        assert torch.equal(torch.cat([images for images, _ in batches]), expected), method
+        assert torch.cat([probe for _, probe in batches]).all(), method
+        print(method, "ok")
+"""
+
+
+@pytest.mark.py_only  # worker processes of each start method
+def test_dataloader_workers_build_and_use_them(tmp_path):
+    """DataLoader workers of every start method, from an empty cache folder (the first two build
+    the passes at once), jitter on them, with stock's very tensors under the same seeds."""
+    if compiler() is None and not REQUIRED:
+        pytest.skip("no C compiler here")
+    run_in_workers(tmp_path, WORKER_SCRIPT, noise_folder(tmp_path / "images", 9), "jitter-*.so")

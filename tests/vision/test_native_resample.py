@@ -17,7 +17,7 @@ from PIL import Image
 from nanopatch.targets.vision import _geometry
 from nanopatch.targets.vision import native as _native
 
-from helpers.kernel_workers import run_in_workers
+from helpers.kernel_workers import noise_folder, run_in_workers
 
 REQUIRED = os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") == "1"
 
@@ -206,13 +206,7 @@ def test_dataloader_workers_build_and_use_it(tmp_path):
     two build it at once), resize on the kernel, with stock's very tensors."""
     if _native._compiler() is None and not REQUIRED:
         pytest.skip("no C compiler here")
-    rng = np.random.default_rng(8)
-    for cls in ("a", "b"):
-        (tmp_path / "images" / cls).mkdir(parents=True)
-        for i in range(3):
-            noise = rng.integers(0, 256, (int(rng.integers(40, 90)), int(rng.integers(40, 90)), 3), dtype=np.uint8)
-            Image.fromarray(noise).save(tmp_path / "images" / cls / f"{i}.jpg", quality=90)
-    run_in_workers(tmp_path, WORKER_SCRIPT, tmp_path / "images", "resample-*.so")
+    run_in_workers(tmp_path, WORKER_SCRIPT, noise_folder(tmp_path / "images", 8), "resample-*.so")
 
 
 def test_resizes_are_pillows_pixels_where_both_passes_are_compiled(fn):
