@@ -130,13 +130,13 @@ def _vision_report(key: str) -> dict[str, Any]:
     ``lookup_kernel`` (ToTensor + Normalize's planes in one pass) or ``jitter_kernel``
     (ColorJitter's saturation and hue passes)."""
     try:
-        from nanopatch.targets.vision import _chw, _jitter, decode, native
+        from nanopatch.targets.vision import decode, native
 
         reports = {
             "resize_kernel": native.report,
             "crop_decode": decode.region_report,
-            "lookup_kernel": _chw.report,
-            "jitter_kernel": _jitter.report,
+            "lookup_kernel": native.lookup_report,
+            "jitter_kernel": native.jitter_report,
         }
         return reports[key]()
     except Exception as exc:

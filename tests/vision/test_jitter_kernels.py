@@ -26,7 +26,7 @@ REQUIRED = os.environ.get("NANOPATCH_TEST_REQUIRE_NATIVE") == "1"
 
 @pytest.fixture
 def kernels():
-    made = _jitter.kernels()
+    made = _color._kernels()
     if made is None:
         if REQUIRED:
             pytest.fail(f"the compiled colour passes are required here but did not load: {_jitter._loaded['made'][1]}")
@@ -145,9 +145,9 @@ def test_without_a_compiler_they_are_not_used_and_jitter_still_works(monkeypatch
     monkeypatch.setenv("NANOPATCH_NATIVE", "0")
     monkeypatch.setattr("nanopatch.foundation.log._first_time", lambda key, about=None: True)
     with caplog.at_level("INFO", logger="nanopatch"):
-        assert _jitter.kernels() is None
+        assert _color._kernels() is None
     assert _jitter._loaded["made"][1] == "NANOPATCH_NATIVE=0"
-    assert _jitter.report() == {"used": False, "reason": "NANOPATCH_NATIVE=0"}
+    assert _color.jitter_report() == {"used": False, "reason": "NANOPATCH_NATIVE=0"}
     said = [r.getMessage() for r in caplog.records]
     assert said == ["nanopatch: ColorJitter's saturation and hue run on numpy and OpenCV: NANOPATCH_NATIVE=0"]
     assert not list(tmp_path.glob("kernels/*.so"))
@@ -193,3 +193,26 @@ def test_dataloader_workers_build_and_use_them(tmp_path):
     if compiler() is None and not REQUIRED:
         pytest.skip("no C compiler here")
     run_in_workers(tmp_path, WORKER_SCRIPT, noise_folder(tmp_path / "images", 9), "jitter-*.so")
+
+
+def test_passes_that_differ_from_numpy_are_not_used(kernels, monkeypatch, caplog):
+    monkeypatch.setattr(_jitter, "_loaded", {})
+    monkeypatch.setattr("nanopatch.foundation.log._first_time", lambda key, about=None: True)
+    wrong = _jitter.Kernels.hue
+
+    def off_by_one(self, arr, shift, tables, lut=None, want_sum=False):
+        out, total = wrong(self, arr, shift, tables, lut, want_sum)
+        out[0, 0, 0] ^= 1
+        return out, total
+
+    monkeypatch.setattr(_jitter.Kernels, "hue", off_by_one)
+    with caplog.at_level("INFO", logger="nanopatch"):
+        assert _color._kernels() is None
+    assert _color.jitter_report() == {
+        "used": False,
+        "reason": "the compiled colour passes do not give numpy's values on this machine",
+    }
+    assert any("run on numpy and OpenCV: the compiled colour passes" in r.getMessage() for r in caplog.records)
+    arr = _images(10)[7]
+    want = np.asarray(F.adjust_hue(F.adjust_saturation(Image.fromarray(arr), 1.3), 0.05))
+    np.testing.assert_array_equal(_color.color_jitter(arr, [2, 3], None, None, 1.3, 0.05), want)

@@ -144,8 +144,39 @@ def _as_float(arr: np.ndarray, lut: np.ndarray | None) -> np.ndarray:
 
 
 def _kernels() -> _jitter.Kernels | None:
-    """The compiled passes of :mod:`._jitter`, or None (then numpy and OpenCV compute)."""
-    return _jitter.kernels()
+    """The compiled passes of :mod:`._jitter`, checked once against the numpy versions here, or
+    None (then numpy and OpenCV compute)."""
+    return _jitter.kernels(_passes_agree)
+
+
+def jitter_report() -> dict[str, object]:
+    """For ``--info``: whether ColorJitter's compiled passes are used, and where they are kept
+    or why not."""
+    return {"used": _kernels() is not None, "reason": _jitter.reason()}
+
+
+def _passes_agree(kernels: _jitter.Kernels) -> bool:
+    """The compiled passes give the numpy versions' bytes and sums on random images, with and
+    without a pending table, at factors inside and outside [0, 1]."""
+    rng = np.random.default_rng(11)
+    tables = _hue_tables()
+    for shape in ((5, 7), (33, 40), (1, 1)):
+        arr = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+        for table in (None, rng.integers(0, 256, 256, dtype=np.uint8)):
+            through = arr if table is None else table[arr]
+            if kernels.luma_sum(arr, table) != _luma_sum_numpy(through):
+                return False
+            for alpha in (_F32(0.0), _F32(0.6), _F32(1.4)):
+                got, total = kernels.saturation(arr, alpha, table, True)
+                want = _saturation_numpy(through, alpha)
+                if not np.array_equal(got, want) or total != _luma_sum_numpy(want):
+                    return False
+            for shift in (0, 25, 231):
+                got, total = kernels.hue(arr, shift, tables, table, True)
+                want = _hue_numpy(through, shift)
+                if not np.array_equal(got, want) or total != _luma_sum_numpy(want):
+                    return False
+    return True
 
 
 def _luma_sum(arr: np.ndarray, lut: np.ndarray | None = None) -> int:
@@ -501,6 +532,29 @@ def equalize(arr: np.ndarray) -> np.ndarray:
 # ColorJitter
 
 
+def _jitter_steps(
+    order: Iterable[int],
+    brightness: float | None,
+    contrast: float | None,
+    saturation: float | None,
+    hue: float | None,
+    rgb: bool,
+) -> list[tuple[int, object]]:
+    """ColorJitter's steps as (index, alpha or hue shift), in ``order``, leaving out those that
+    change nothing: a factor of None, saturation and hue on "L" images, saturation 1."""
+    steps: list[tuple[int, object]] = []
+    for fn_id in order:  # compared as ColorJitter.forward compares them (a tensor's items too)
+        if fn_id == 0 and brightness is not None:
+            steps.append((0, _alpha(brightness)))
+        elif fn_id == 1 and contrast is not None:
+            steps.append((1, _alpha(contrast)))
+        elif fn_id == 2 and saturation is not None:
+            steps.append((2, _alpha(saturation)))
+        elif fn_id == 3 and hue is not None:
+            steps.append((3, _hue_shift(hue)))
+    return [(fn, value) for fn, value in steps if fn < 2 or (rgb and not (fn == 2 and value == 1.0))]
+
+
 def color_jitter(
     arr: np.ndarray,
     order: Iterable[int],
@@ -520,19 +574,8 @@ def color_jitter(
     load, saturation and hue are one pass each (which also sums "L" for a contrast right after
     it), else numpy's and OpenCV's calls."""
     arr = checked(arr)
-    steps: list[tuple[int, object]] = []
-    for fn_id in order:  # compared as ColorJitter.forward compares them (a tensor's items too)
-        if fn_id == 0 and brightness is not None:
-            steps.append((0, _alpha(brightness)))
-        elif fn_id == 1 and contrast is not None:
-            steps.append((1, _alpha(contrast)))
-        elif fn_id == 2 and saturation is not None:
-            steps.append((2, _alpha(saturation)))
-        elif fn_id == 3 and hue is not None:
-            steps.append((3, _hue_shift(hue)))
     rgb = arr.shape[2] == 3
-    # saturation and hue leave "L" images alone; saturation 1 is the identity
-    steps = [(fn, value) for fn, value in steps if fn < 2 or (rgb and not (fn == 2 and value == 1.0))]
+    steps = _jitter_steps(order, brightness, contrast, saturation, hue, rgb)
     kernels = _kernels() if rgb else None
     if kernels is None and any(fn == 3 for fn, _ in steps) and max(arr.shape[:2]) >= _REMAP_LIMIT:
         raise NotImplementedError("image too large for cv2.remap")

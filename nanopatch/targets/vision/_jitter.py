@@ -18,14 +18,16 @@ operation in the same precision (built without floating-point contraction), whic
   2**24 colours.
 
 Built once per machine into the cache folder (:func:`nanopatch.foundation.compiled.compiled`)
-and checked against the numpy version on first use (random images, every step, with and
-without a pending table); where it cannot be had, :mod:`._color`'s numpy/OpenCV code runs.
+and checked against the numpy version on first use (:func:`._color._passes_agree`: random images,
+every step, with and without a pending table); where it cannot be had, :mod:`._color`'s
+numpy/OpenCV code runs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -191,56 +193,33 @@ class Kernels:
         return out, int(total)
 
 
-def _check(kernels: Kernels) -> bool:
-    """The compiled passes give the numpy version's bytes and sums on random images, with and
-    without a pending table, at factors inside and outside [0, 1]."""
-    from . import _color
-
-    rng = np.random.default_rng(11)
-    tables = _color._hue_tables()
-    for shape in ((5, 7), (33, 40), (1, 1)):
-        arr = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
-        lut = rng.integers(0, 256, 256, dtype=np.uint8)
-        for table in (None, lut):
-            through = arr if table is None else table[arr]
-            if kernels.luma_sum(arr, table) != _color._luma_sum_numpy(through):
-                return False
-            for alpha in (np.float32(0.0), np.float32(0.6), np.float32(1.4)):
-                got, total = kernels.saturation(arr, alpha, table, True)
-                want = _color._saturation_numpy(through, alpha)
-                if not np.array_equal(got, want) or total != _color._luma_sum_numpy(want):
-                    return False
-            for shift in (0, 25, 231):
-                got, total = kernels.hue(arr, shift, tables, table, True)
-                want = _color._hue_numpy(through, shift)
-                if not np.array_equal(got, want) or total != _color._luma_sum_numpy(want):
-                    return False
-    return True
-
-
-def _load() -> tuple[Kernels | None, str]:
+def _load(check: Callable[[Kernels], bool]) -> tuple[Kernels | None, str]:
     lib, reason = compiled("jitter", SOURCE)
     if lib is None:
         return None, reason
     kernels = Kernels(lib)
-    if not _check(kernels):
+    if not check(kernels):
         return None, "the compiled colour passes do not give numpy's values on this machine"
     return kernels, reason
 
 
-def kernels() -> Kernels | None:
-    """The compiled passes, or None where they cannot be had (then numpy's and OpenCV's run;
-    logged once)."""
+def kernels(check: Callable[[Kernels], bool]) -> Kernels | None:
+    """The compiled passes, built or loaded once and checked once with ``check`` (whether they
+    give the numpy versions' values: :func:`._color._passes_agree`), or None where they cannot be
+    had (then numpy's and OpenCV's calls run; logged once)."""
+    made = _loaded.get("made")
+    if made is not None:
+        return made[0]
     with _lock:
         if "made" not in _loaded:
-            _loaded["made"] = _load()
+            _loaded["made"] = _load(check)
             if _loaded["made"][0] is None:
                 said = "nanopatch: ColorJitter's saturation and hue run on numpy and OpenCV: %s"
                 log_once("native-jitter", said, _loaded["made"][1])
         return _loaded["made"][0]
 
 
-def report() -> dict[str, Any]:
-    """For ``--info``: whether the compiled passes are used, and where they are kept or why not."""
-    made = kernels()
-    return {"used": made is not None, "reason": _loaded["made"][1]}
+def reason() -> str | None:
+    """Where the passes are kept, or why they are not used (None before the first load)."""
+    made = _loaded.get("made")
+    return None if made is None else made[1]

@@ -24,6 +24,9 @@ first use in a process each pass is checked against Pillow on noise images; a pa
 Where there is no compiler, the build fails or the check does not pass, resizes run as before
 (torch's first pass, Pillow's second; said once in the log, at INFO), and ``--info`` says why.
 ``NANOPATCH_NATIVE=0`` turns the kernels off.
+
+``--info`` also reads the state of the package's other compiled passes here
+(:func:`lookup_report`, :func:`jitter_report`).
 """
 
 from __future__ import annotations
@@ -303,6 +306,22 @@ def report() -> dict[str, Any]:
     if fn is None:
         return {"used": False, "reason": _why_not}
     return {"used": True, "reason": _loaded.get("where", "compiled")}
+
+
+def lookup_report() -> dict[str, Any]:
+    """For ``--info``: whether ToTensor + Normalize's compiled pass (:mod:`._chw`) is used, and
+    where it is kept or why not."""
+    from . import _chw
+
+    return _chw.report()
+
+
+def jitter_report() -> dict[str, Any]:
+    """For ``--info``: whether ColorJitter's compiled passes (:mod:`._jitter`) are used, and where
+    they are kept or why not."""
+    from . import _color
+
+    return _color.jitter_report()
 
 
 def _ksize(in0: float, in1: float, out_h: int) -> int:
