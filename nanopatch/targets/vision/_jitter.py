@@ -152,23 +152,28 @@ class Kernels:
         self._hue.restype = i64
 
     @staticmethod
-    def _table(lut: np.ndarray | None) -> int | None:
-        return None if lut is None else np.ascontiguousarray(lut, dtype=np.uint8).ctypes.data
+    def _table(lut: np.ndarray | None) -> tuple[np.ndarray | None, int | None]:
+        """``lut`` as the contiguous uint8 table the passes read (kept by the caller for the
+        call) and its address, or (None, None)."""
+        if lut is None:
+            return None, None
+        table = np.ascontiguousarray(lut, dtype=np.uint8)
+        return table, table.ctypes.data
 
     def luma_sum(self, arr: np.ndarray, lut: np.ndarray | None = None) -> int:
         arr = _rgb(arr)
-        lut = None if lut is None else np.ascontiguousarray(lut, dtype=np.uint8)
-        return int(self._luma(arr.ctypes.data, arr.shape[0] * arr.shape[1], self._table(lut)))
+        lut, address = self._table(lut)
+        return int(self._luma(arr.ctypes.data, arr.shape[0] * arr.shape[1], address))
 
     def saturation(
         self, arr: np.ndarray, alpha: np.float32, lut: np.ndarray | None = None, want_sum: bool = False
     ) -> tuple[np.ndarray, int]:
         arr = _rgb(arr)
-        lut = None if lut is None else np.ascontiguousarray(lut, dtype=np.uint8)
+        lut, address = self._table(lut)
         out = np.empty_like(arr)
         usage.record("jitter-kernel")
         total = self._saturation(
-            arr.ctypes.data, out.ctypes.data, arr.shape[0] * arr.shape[1], self._table(lut), float(alpha), want_sum
+            arr.ctypes.data, out.ctypes.data, arr.shape[0] * arr.shape[1], address, float(alpha), want_sum
         )
         return out, int(total)
 
@@ -176,14 +181,14 @@ class Kernels:
         self, arr: np.ndarray, shift: int, tables: Any, lut: np.ndarray | None = None, want_sum: bool = False
     ) -> tuple[np.ndarray, int]:
         arr = _rgb(arr)
-        lut = None if lut is None else np.ascontiguousarray(lut, dtype=np.uint8)
+        lut, address = self._table(lut)
         out = np.empty_like(arr)
         usage.record("jitter-kernel")
         total = self._hue(
             arr.ctypes.data,
             out.ctypes.data,
             arr.shape[0] * arr.shape[1],
-            self._table(lut),
+            address,
             int(shift),
             tables.hue.ctypes.data,
             tables.reciprocal.ctypes.data,
